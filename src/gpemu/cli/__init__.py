@@ -1,0 +1,1 @@
+"""The `gpemu` command-line interface."""

@@ -1,0 +1,19 @@
+"""The emulated device: clock, engines, streams, events, the trace recorder and EmulatedGPU."""
+
+from gpemu.device.clock import Clock, ManualClock, RealClock
+from gpemu.device.gpu import DeviceStats, EmulatedGPU
+from gpemu.device.timeline import Engine, Event, Stream, Work
+from gpemu.device.trace import TraceRecorder
+
+__all__ = [
+    "Clock",
+    "DeviceStats",
+    "EmulatedGPU",
+    "Engine",
+    "Event",
+    "ManualClock",
+    "RealClock",
+    "Stream",
+    "TraceRecorder",
+    "Work",
+]

@@ -1,0 +1,89 @@
+"""EmulatedGPU: one emulated device with a compute engine, copy engines, streams, statistics and a trace."""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from gpemu.device.clock import Clock, RealClock
+from gpemu.device.timeline import DEFAULT_LAUNCH_QUEUE_DEPTH, Engine, Stream, Work
+from gpemu.device.trace import TraceRecorder
+from gpemu.hardware import GPUSpec, get_gpu
+
+
+@dataclass
+class DeviceStats:
+    """Running totals for the end-of-run report."""
+
+    host_wait_s: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    work_s: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # by category
+    work_count: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    h2d_bytes: int = 0
+    d2h_bytes: int = 0
+
+
+class EmulatedGPU:
+    """An emulated GPU: a spec, engines, streams, a clock to wait on and an optional trace."""
+
+    def __init__(
+        self,
+        spec: GPUSpec | str,
+        index: int = 0,
+        clock: Clock | None = None,
+        trace: TraceRecorder | None = None,
+        launch_queue_depth: int = DEFAULT_LAUNCH_QUEUE_DEPTH,
+        memory_limit_bytes: int | None = None,
+    ) -> None:
+        self.spec = get_gpu(spec)
+        self.index = index
+        self.clock: Clock = clock or RealClock()
+        self.trace = trace
+        self.launch_queue_depth = launch_queue_depth
+        self.memory_limit_bytes = memory_limit_bytes if memory_limit_bytes is not None else self.spec.memory_bytes
+        self.lock = threading.RLock()
+        self.engines: dict[str, Engine] = {name: Engine(name) for name in ("compute", "h2d", "d2h")}
+        self.default_stream = Stream(self, stream_id=0)
+        self.streams: list[Stream] = [self.default_stream]
+        self.stats = DeviceStats()
+
+    def __repr__(self) -> str:
+        return f"<EmulatedGPU cuda:{self.index} {self.spec.name}>"
+
+    def new_stream(self, priority: int = 0) -> Stream:
+        """Create a new stream on this device."""
+        stream = Stream(self, priority=priority)
+        with self.lock:
+            self.streams.append(stream)
+        return stream
+
+    @property
+    def t_done(self) -> float:
+        """Return when all work queued on every stream of this device finishes."""
+        return max(s.t_done for s in self.streams)
+
+    def synchronize(self) -> None:
+        """Block the host until every stream of this device is idle (torch.cuda.synchronize)."""
+        self.host_wait(self.t_done, reason="device synchronize")
+
+    def host_wait(self, deadline_s: float, reason: str = "wait") -> float:
+        """Block the calling host thread until `deadline_s`; return the seconds waited (recorded in stats/trace)."""
+        start = self.clock.now()
+        if deadline_s <= start:
+            return 0.0
+        self.clock.sleep_until(deadline_s)
+        end = self.clock.now()
+        self.stats.host_wait_s[reason] += end - start
+        if self.trace is not None:
+            self.trace.host_span(f"wait: {reason}", start, end, category="sync")
+        return end - start
+
+    def _record(self, work: Work) -> None:
+        self.stats.work_s[work.category] += work.duration_s
+        self.stats.work_count[work.category] += 1
+        if self.trace is not None:
+            self.trace.work(work)
+
+    def busy_s(self, engine: str = "compute") -> float:
+        """Return total busy seconds of one engine so far."""
+        return self.engines[engine].busy_s

@@ -1,0 +1,156 @@
+"""Engines, streams, events and work items: CUDA's asynchronous execution model as a timeline."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from gpemu.device.gpu import EmulatedGPU
+
+EngineName = Literal["compute", "h2d", "d2h"]
+
+# See Note [Launch queue]: CUDA lets the host run ahead of the GPU until a per-stream queue of pending launches is
+# full (~1024 entries on current drivers); then the launching thread blocks until a slot frees up.
+DEFAULT_LAUNCH_QUEUE_DEPTH = 1024
+
+
+@dataclass
+class Engine:
+    """One hardware engine (the SMs, or one copy engine): it runs one work item at a time."""
+
+    name: str
+    t_free: float = 0.0
+    busy_s: float = 0.0
+
+
+@dataclass
+class Work:
+    """One item on the timeline: a kernel, a copy or a phase."""
+
+    name: str
+    engine: str
+    stream_id: int
+    device_index: int
+    launch_s: float
+    start_s: float
+    end_s: float
+    category: str = "kernel"
+    args: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def duration_s(self) -> float:
+        """Return end - start in seconds."""
+        return self.end_s - self.start_s
+
+
+_stream_ids = itertools.count(1)
+
+
+class Stream:
+    """An in-order queue of work on one device; launches return at once, the GPU finishes at `t_done`."""
+
+    def __init__(self, device: EmulatedGPU, priority: int = 0, stream_id: int | None = None) -> None:
+        self.device = device
+        self.priority = priority
+        self.stream_id = next(_stream_ids) if stream_id is None else stream_id
+        self.t_done = 0.0
+        self._pending: deque[float] = deque()  # end times of launched, maybe unfinished work
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"<emulated Stream {self.stream_id} on cuda:{self.device.index} t_done={self.t_done:.6f}>"
+
+    def enqueue(
+        self,
+        duration_s: float,
+        name: str,
+        engine: EngineName = "compute",
+        category: str = "kernel",
+        args: dict[str, object] | None = None,
+    ) -> Work:
+        """Launch work of `duration_s` on `engine`; return at once with the scheduled Work (start/end on the timeline)."""
+        clock = self.device.clock
+        self._wait_for_queue_slot()
+        with self.device.lock:
+            now = clock.now()
+            eng = self.device.engines[engine]
+            launch_latency_s = self.device.spec.launch_overhead_us * 1e-6 if engine == "compute" else 0.0
+            start = max(now + launch_latency_s, self.t_done, eng.t_free)
+            end = start + max(0.0, duration_s)
+            self.t_done = end
+            eng.t_free = end
+            eng.busy_s += end - start
+            self._pending.append(end)
+            work = Work(name, engine, self.stream_id, self.device.index, now, start, end, category, args or {})
+            self.device._record(work)
+        return work
+
+    def _wait_for_queue_slot(self) -> None:
+        depth = self.device.launch_queue_depth
+        now = self.device.clock.now()
+        while self._pending and self._pending[0] <= now:
+            self._pending.popleft()
+        if len(self._pending) >= depth:
+            self.device.host_wait(self._pending[-depth], reason="launch queue full")
+            now = self.device.clock.now()
+            while self._pending and self._pending[0] <= now:
+                self._pending.popleft()
+
+    def wait_event(self, event: Event) -> None:
+        """Make later work on this stream wait until `event` has completed (no host wait)."""
+        if event.t_s is not None:
+            self.t_done = max(self.t_done, event.t_s)
+
+    def wait_stream(self, other: Stream) -> None:
+        """Make later work on this stream wait for all work queued so far on `other`."""
+        self.t_done = max(self.t_done, other.t_done)
+
+    def record_event(self, event: Event | None = None) -> Event:
+        """Record `event` (or a new one) at the current tail of this stream."""
+        event = event or Event()
+        event.record(self)
+        return event
+
+    def query(self) -> bool:
+        """Return True when all queued work has finished."""
+        return self.device.clock.now() >= self.t_done
+
+    def synchronize(self) -> None:
+        """Block the host until all queued work on this stream has finished."""
+        self.device.host_wait(self.t_done, reason=f"stream {self.stream_id} synchronize")
+
+
+class Event:
+    """A marker on a stream: completes when the work before it does; timing in milliseconds like CUDA."""
+
+    def __init__(self, enable_timing: bool = True) -> None:
+        self.enable_timing = enable_timing
+        self.t_s: float | None = None
+        self.device: EmulatedGPU | None = None
+
+    def record(self, stream: Stream) -> None:
+        """Mark the current tail of `stream` (or now, if the stream is idle)."""
+        self.device = stream.device
+        self.t_s = max(stream.device.clock.now(), stream.t_done)
+
+    def query(self) -> bool:
+        """Return True when the event has completed (an unrecorded event counts as completed, as in CUDA)."""
+        return self.t_s is None or self.device is None or self.device.clock.now() >= self.t_s
+
+    def synchronize(self) -> None:
+        """Block the host until the event has completed."""
+        if self.t_s is not None and self.device is not None:
+            self.device.host_wait(self.t_s, reason="event synchronize")
+
+    def elapsed_time(self, end: Event) -> float:
+        """Return milliseconds from this event to `end` (both must be recorded; waits for `end`, as CUDA requires completion)."""
+        if self.t_s is None or end.t_s is None:
+            raise RuntimeError("elapsed_time: both events must be recorded before calling elapsed_time")
+        if not (self.enable_timing and end.enable_timing):
+            raise RuntimeError("elapsed_time: both events must be created with enable_timing=True")
+        end.synchronize()
+        return (end.t_s - self.t_s) * 1e3

@@ -1,0 +1,1 @@
+"""gpemu.experiments (see design.md)."""

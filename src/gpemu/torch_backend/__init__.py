@@ -1,0 +1,1 @@
+"""gpemu.torch_backend (see design.md)."""

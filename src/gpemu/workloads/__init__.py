@@ -1,0 +1,1 @@
+"""gpemu.workloads (see design.md)."""

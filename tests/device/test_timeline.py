@@ -1,0 +1,74 @@
+"""Timeline semantics: launches are asynchronous, one stream serialises, copy engines overlap compute."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpemu.device import EmulatedGPU, Event, ManualClock
+
+
+@pytest.fixture
+def gpu() -> EmulatedGPU:
+    return EmulatedGPU("v100", clock=ManualClock())
+
+
+def test_two_launches_on_one_stream_serialise(gpu: EmulatedGPU) -> None:
+    s = gpu.default_stream
+    a = s.enqueue(0.010, "a")
+    b = s.enqueue(0.020, "b")
+    # a starts after the launch latency (5 us on V100); b starts when a ends.
+    assert a.start_s == pytest.approx(5e-6)
+    assert b.start_s == pytest.approx(a.end_s)
+    assert s.t_done == pytest.approx(5e-6 + 0.030)
+    # The host did not wait for either launch.
+    assert gpu.clock.now() == 0.0
+
+
+def test_h2d_copy_overlaps_compute(gpu: EmulatedGPU) -> None:
+    compute = gpu.default_stream
+    copy = gpu.new_stream()
+    k = compute.enqueue(0.050, "kernel")
+    c = copy.enqueue(0.030, "h2d", engine="h2d", category="h2d")
+    assert c.start_s == 0.0  # the copy engine is free: it does not wait for the kernel
+    assert c.end_s < k.end_s
+    gpu.synchronize()
+    assert gpu.clock.now() == pytest.approx(5e-6 + 0.050)  # overlapped, not 0.080
+
+
+def test_second_h2d_waits_for_the_first(gpu: EmulatedGPU) -> None:
+    s1, s2 = gpu.new_stream(), gpu.new_stream()
+    c1 = s1.enqueue(0.010, "h2d-1", engine="h2d")
+    c2 = s2.enqueue(0.010, "h2d-2", engine="h2d")
+    assert c2.start_s == pytest.approx(c1.end_s)
+
+
+def test_event_elapsed_time_is_in_ms(gpu: EmulatedGPU) -> None:
+    s = gpu.default_stream
+    start, end = Event(), Event()
+    start.record(s)
+    s.enqueue(0.025, "k")
+    end.record(s)
+    assert not end.query()
+    # 5 us launch latency + 25 ms kernel = 25.005 ms
+    assert start.elapsed_time(end) == pytest.approx(25.005)
+    assert end.query()
+
+
+def test_launch_queue_full_blocks_host() -> None:
+    gpu = EmulatedGPU("v100", clock=ManualClock(), launch_queue_depth=4)
+    s = gpu.default_stream
+    for i in range(4):
+        s.enqueue(0.001, f"k{i}")
+    assert gpu.clock.now() == 0.0
+    s.enqueue(0.001, "k4")  # fifth launch: host waits until the first finishes
+    assert gpu.clock.now() == pytest.approx(5e-6 + 0.001)
+    assert gpu.stats.host_wait_s["launch queue full"] > 0
+
+
+def test_stream_wait_event_orders_across_streams(gpu: EmulatedGPU) -> None:
+    copy, compute = gpu.new_stream(), gpu.default_stream
+    c = copy.enqueue(0.040, "h2d", engine="h2d")
+    ev = copy.record_event()
+    compute.wait_event(ev)
+    k = compute.enqueue(0.010, "k")
+    assert k.start_s >= c.end_s
