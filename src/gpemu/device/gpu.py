@@ -6,6 +6,7 @@ import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from gpemu.device.allocator import CachingAllocator
 from gpemu.device.clock import Clock, RealClock
 from gpemu.device.timeline import DEFAULT_LAUNCH_QUEUE_DEPTH, Engine, Stream, Work
 from gpemu.device.trace import TraceRecorder
@@ -46,6 +47,9 @@ class EmulatedGPU:
         self.default_stream = Stream(self, stream_id=0)
         self.streams: list[Stream] = [self.default_stream]
         self.stats = DeviceStats()
+        self.allocator = CachingAllocator(
+            self.memory_limit_bytes, int(self.spec.context_mib * 1024**2), device_index=index
+        )
 
     def __repr__(self) -> str:
         return f"<EmulatedGPU cuda:{self.index} {self.spec.name}>"
