@@ -1,9 +1,95 @@
-"""CLI commands: run_cmd (placeholder until its issue lands)."""
+"""CLI command `gpemu run`: run any command with the emulated GPU installed in its Python processes."""
 
 from __future__ import annotations
 
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
 import typer
+
+from gpemu.errors import GpemuError
+from gpemu.hardware import get_gpu
+
+BOOT_DIR = Path(__file__).resolve().parents[1] / "_boot"
+_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9, "t": 1e12, "tb": 1e12,
+          "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
+
+
+def parse_size(text: str) -> int:
+    """Return a byte count from '10GiB', '512MiB', '8e9', '16 GB' (decimal and binary units)."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([A-Za-z]*)\s*", text)
+    unit = match.group(2).lower() if match else ""
+    if match is None or unit not in _UNITS:
+        raise GpemuError(f"cannot parse memory size {text!r}: use e.g. 10GiB, 512MiB, 16GB or a byte count")
+    size = int(float(match.group(1)) * _UNITS[unit])
+    if size <= 0:
+        raise GpemuError(f"memory size must be positive, got {text!r}")
+    return size
+
+
+def build_env(
+    gpu: str, count: int, model: str | None, trace: Path | None, report_json: Path | None, memory_limit: str | None,
+    base: dict[str, str] | None = None,
+) -> dict[str, str]:
+    """Return the child's environment: GPEMU_* settings and PYTHONPATH with the start-up hook first."""
+    spec = get_gpu(gpu)  # unknown GPU -> UnknownNameError (exit 2 with the closest names)
+    if count < 1:
+        raise GpemuError(f"--count must be >= 1, got {count}")
+    env = dict(os.environ if base is None else base)
+    env["GPEMU_GPU"] = spec.key
+    env["GPEMU_COUNT"] = str(count)
+    for name, value in (("GPEMU_MODEL", model), ("GPEMU_TRACE", trace), ("GPEMU_REPORT_JSON", report_json)):
+        if value:
+            env[name] = str(Path(value).resolve()) if isinstance(value, Path) else str(value)
+        else:
+            env.pop(name, None)
+    if memory_limit:
+        env["GPEMU_MEMORY_LIMIT"] = str(parse_size(memory_limit))
+    else:
+        env.pop("GPEMU_MEMORY_LIMIT", None)
+    paths = [str(BOOT_DIR), *(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    # `python` in the command means the interpreter gpemu itself runs in (its venv), even when it is not activated.
+    bin_dir = str(Path(sys.executable).parent)
+    env["PATH"] = os.pathsep.join([bin_dir, *(p for p in env.get("PATH", "").split(os.pathsep) if p and p != bin_dir)])
+    return env
+
+
+def run(
+    ctx: typer.Context,
+    gpu: str = typer.Option(..., "--gpu", help="GPU to emulate (e.g. v100, a100, h100; see `gpemu gpus`)."),
+    count: int = typer.Option(1, "--count", help="Number of emulated GPUs (cuda:0..N-1)."),
+    model: str = typer.Option(None, "--model", help="Profiled workload the script trains (e.g. resnet50)."),
+    trace: Path = typer.Option(None, "--trace", help="Write a Perfetto/Chrome trace here at exit."),
+    report_json: Path = typer.Option(None, "--report-json", help="Write every iteration of the run report as JSON."),
+    memory_limit: str = typer.Option(None, "--memory-limit", help="Cap emulated device memory, e.g. 10GiB."),
+) -> None:
+    """Run COMMAND (after --) with emulated GPUs: e.g. gpemu run --gpu a100 -- python train.py --epochs 1."""
+    command = list(ctx.args)
+    if not command:
+        raise GpemuError("no command given: use e.g. `gpemu run --gpu v100 -- python train.py`")
+    env = build_env(gpu, count, model, trace, report_json, memory_limit)
+    try:
+        proc = subprocess.Popen(command, env=env)
+    except FileNotFoundError as exc:
+        raise GpemuError(f"command not found: {command[0]!r}") from exc
+    # Ctrl-C reaches the child through the terminal's process group; we just wait for it and pass its status on.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        code = proc.wait()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    raise typer.Exit(code if code >= 0 else 128 - code)
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the app."""
+    """Add `gpemu run` to the app."""
+    app.command(
+        "run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True}
+    )(run)
+
+

@@ -1,4 +1,4 @@
-"""A plain per-op roofline: FLOPs (torch's flop registry) and bytes moved, against the GPU's peaks."""
+"""Per-op kernel time for the torch backend: the fitted roofline of gpemu.cost.model, cached by op signature."""
 
 from __future__ import annotations
 
@@ -6,67 +6,70 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten
-from torch.utils.flop_counter import flop_registry
 
+from gpemu.cost.model import COMPUTE_PARAMS, CostParams, _compute_idx, _mem_param, load_params, peak_flops
+from gpemu.cost.registry import OpCost, io_bytes, op_cost
 from gpemu.hardware import GPUSpec
 
-# Efficiencies of a plain roofline (fractions of peak actually reached by typical kernels). See Note [Roofline
-# efficiencies]: these are placeholders that gpemu.cost's fitted model replaces; they are only used when no
-# calibrated model is available.
+# Kept for callers of the first seam; the fitted model supersedes these (see Note [Time model] in model.py).
 COMPUTE_EFFICIENCY = 0.6
 BANDWIDTH_EFFICIENCY = 0.7
 
-_DTYPE_KEY = {
-    torch.float16: "fp16",
-    torch.bfloat16: "bf16",
-    torch.float32: "fp32",
-    torch.float64: "fp64",
-    torch.int8: "int8",
-}
+_cache: dict[tuple[Any, ...], float] = {}
+_CACHE_LIMIT = 200_000
 
 
-def _tensors(tree: Any) -> list[torch.Tensor]:
-    leaves, _ = tree_flatten(tree)
-    return [t for t in leaves if isinstance(t, torch.Tensor)]
+def _sig(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return (x.shape, x.dtype)
+    if isinstance(x, (list, tuple)):
+        return tuple(_sig(i) for i in x)
+    if isinstance(x, (int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format)):
+        return x
+    return type(x).__name__
 
 
 def op_flops(func: Any, args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> int:
-    """Return the FLOPs of one aten op from torch's flop registry (0 for ops it does not count)."""
-    packet = getattr(func, "overloadpacket", func)
-    formula = flop_registry.get(packet)
-    if formula is None:
-        return 0
-    shapes = lambda tree: tree_flatten(tree)[0]  # noqa: E731
-    args_shapes = [a.shape if isinstance(a, torch.Tensor) else a for a in args]
-    kwargs_shapes = {k: (v.shape if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
-    out_leaves = shapes(out)
-    out_shape = out_leaves[0].shape if out_leaves and isinstance(out_leaves[0], torch.Tensor) else None
-    try:
-        return int(formula(*args_shapes, out_shape=out_shape, **kwargs_shapes))
-    except TypeError:
-        return 0
+    """Return the FLOPs of one aten op from the gpemu.cost registry (0 for ops it does not count)."""
+    return int(op_cost(func, args, kwargs, out).flops)
 
 
 def op_bytes(args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> int:
-    """Return bytes read plus written by one op (inputs + outputs, each counted once)."""
-    seen: set[int] = set()
-    total = 0
-    for t in _tensors((args, kwargs, out)):
-        key = id(t)
-        if key in seen:
-            continue
-        seen.add(key)
-        total += t.numel() * t.element_size()
-    return total
+    """Return bytes read plus written by one op (every tensor input + every tensor output)."""
+    return io_bytes(args, kwargs, out)
+
+
+def cost_time_s(cost: OpCost, name: str, spec: GPUSpec, params: CostParams | None = None) -> float:
+    """Return the fitted model's kernel seconds for one op's cost on `spec` (0 for views; no launch overhead)."""
+    if cost.category == "view":
+        return 0.0
+    params = params or load_params()
+    p, f = params.shared, params.factors(spec)
+    cidx = _compute_idx(cost.category, name)
+    compute = 0.0
+    if cidx >= 0:
+        peak = peak_flops(spec, cost.dtype, cost.category, cost.tensor_core, params.tc_rel)
+        compute = (cost.flops + p["w_half"] * spec.sm_count) / (peak * p[COMPUTE_PARAMS[cidx]] * f["a"])
+    memory = (cost.bytes + p["b_half"] * spec.sm_count) / (spec.memory_bw_gbps * 1e9 * p[_mem_param(cost.category)]
+                                                           * f["b"])
+    return max(compute, memory) + p["k0"]
 
 
 def op_time_s(func: Any, args: Sequence[Any], kwargs: dict[str, Any], out: Any, spec: GPUSpec) -> float:
-    """Return the roofline time of one aten op on `spec` in seconds (kernel time, no launch overhead)."""
-    flops = op_flops(func, args, kwargs, out)
-    nbytes = op_bytes(args, kwargs, out)
-    dtype = next((t.dtype for t in _tensors(args) if t.is_floating_point()), torch.float32)
-    peak = spec.peak_flops(_DTYPE_KEY.get(dtype, "fp32"))
-    compute_s = flops / (peak * COMPUTE_EFFICIENCY) if flops else 0.0
-    memory_s = nbytes / (spec.memory_bw_bytes_per_s * BANDWIDTH_EFFICIENCY)
-    return max(compute_s, memory_s)
+    """Return one aten op's kernel seconds on `spec` (fitted roofline, no launch overhead), cached by signature."""
+    key = (func, spec.key, _sig(args), _sig(tuple(kwargs.items())) if kwargs else None)
+    hit = _cache.get(key)
+    if hit is not None:
+        return hit
+    from gpemu.cost.registry import op_name
+
+    value = cost_time_s(op_cost(func, args, kwargs, out), op_name(func), spec)
+    if len(_cache) >= _CACHE_LIMIT:
+        _cache.clear()
+    _cache[key] = value
+    return value
+
+
+def clear_cache() -> None:
+    """Forget cached op times (after refitting or editing the catalog)."""
+    _cache.clear()

@@ -1,0 +1,207 @@
+"""Validate gpemu.cost predictions on GPEmu's measured rows: leave-one-GPU-out and leave-models-out.
+
+Usage: .venv/bin/python bench/predict_validation.py [--steps 150] [--folds 5] [--no-cache]
+
+Leave-one-GPU-out: for each of the 5 GPUs, refit on the other 4, then predict every measured forward/backward row
+of the held-out GPU (all batch sizes) (a) from its spec alone ("spec-model") and (b) by scaling each other GPU's
+measured row by model(Y)/model(X) ("scaled-from:X"; "closest" = the X predict_phase picks by spec distance).
+Leave-models-out: models split into --folds folds; for each fold refit on all GPUs without those models and
+predict them from the spec model with the fitted per-GPU factors. Fold fits are cached under the gpemu cache dir.
+Prints median and p90 absolute % error for forward, backward and their sum (measured rows only); errors, not verdicts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from gpemu.cost.calibrate import fit, load_measured_rows
+from gpemu.cost.model import CostParams
+from gpemu.cost.predict import model_phase_seconds, spec_distance
+from gpemu.hardware import get_gpu
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = Path(os.environ.get("GPEMU_SHARED_DATA", REPO.parent / "shared" / "data")) / "gpemu-profiles" / "ROWS.csv"
+console = Console()
+
+
+def _cache_file(tag: str, steps: int) -> Path:
+    import platformdirs
+
+    code = "".join((REPO / "src/gpemu/cost" / f).read_text() for f in ("model.py", "calibrate.py", "registry.py"))
+    digest = hashlib.sha1(f"{tag}|{steps}|{DATA.stat().st_size}|{code}|{torch.__version__}".encode()).hexdigest()[:16]
+    return Path(platformdirs.user_cache_dir("gpemu")) / "predict_validation" / f"{digest}.json"
+
+
+def _fit_cached(tag: str, rows: pd.DataFrame, steps: int, use_cache: bool) -> CostParams:
+    path = _cache_file(tag, steps)
+    if use_cache and path.exists():
+        d = json.loads(path.read_text())
+        return CostParams(d["shared"], d["per_gpu"], d["tc_rel"], d["note"])
+    params = fit(rows, steps=steps)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(params.to_json()))
+    return params
+
+
+def _predict_rows(rows: pd.DataFrame, params: CostParams, gpu: str, use_per_gpu: bool) -> pd.DataFrame:
+    """Return rows of one GPU with a `pred` column from the spec model."""
+    spec = get_gpu(gpu)
+    parts = []
+    for (workload, phase), sel in rows.groupby(["workload", "phase"]):
+        sel = sel.copy()
+        sel["pred"] = model_phase_seconds(spec, str(workload), str(phase), sel["batch_size"].to_numpy(), "fp32",
+                                          params, use_per_gpu)
+        parts.append(sel)
+    return pd.concat(parts)
+
+
+def _errors(df: pd.DataFrame, pred_col: str = "pred") -> dict[str, np.ndarray]:
+    """Return absolute % errors for forward, backward and forward+backward (rows where both phases are measured)."""
+    out = {}
+    for phase in ("forward", "backward"):
+        sel = df[df["phase"] == phase]
+        out[phase] = (sel[pred_col] / sel["value"] - 1).abs().to_numpy() * 100
+    wide = df.pivot_table(index=["gpu", "workload", "batch_size"], columns="phase", values=["value", pred_col])
+    wide = wide.dropna()
+    total_pred = wide[(pred_col, "forward")] + wide[(pred_col, "backward")]
+    total = wide[("value", "forward")] + wide[("value", "backward")]
+    out["sum"] = ((total_pred / total - 1).abs() * 100).to_numpy()
+    return out
+
+
+def _row(table: Table, label: str, errs: dict[str, np.ndarray]) -> None:
+    cells = []
+    for phase in ("forward", "backward", "sum"):
+        e = errs[phase]
+        cells += [f"{np.median(e):.1f}", f"{np.percentile(e, 90):.1f}"] if len(e) else ["-", "-"]
+    table.add_row(label, *cells, str(len(errs["sum"])))
+
+
+def _table(title: str) -> Table:
+    table = Table(title=title)
+    table.add_column("held out / path")
+    for phase in ("fwd", "bwd", "sum"):
+        table.add_column(f"{phase} med %", justify="right")
+        table.add_column(f"{phase} p90 %", justify="right")
+    table.add_column("rows (sum)", justify="right")
+    return table
+
+
+def leave_one_gpu_out(rows: pd.DataFrame, steps: int, use_cache: bool) -> pd.DataFrame:
+    """Return per-row predictions for each held-out GPU: pred (spec), pred_closest, pred_from_<X>."""
+    gpus = sorted(rows["gpu"].unique())
+    out = []
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task("leave-one-GPU-out fits", total=len(gpus))
+        for held in gpus:
+            train = rows[rows["gpu"] != held]
+            params = _fit_cached(f"logo-{held}", train, steps, use_cache)
+            test = _predict_rows(rows[rows["gpu"] == held], params, held, use_per_gpu=False)
+            others = sorted(g for g in gpus if g != held)
+            by_dist = sorted(others, key=lambda g: spec_distance(get_gpu(held), get_gpu(g)))
+            test = test.set_index(["workload", "phase", "batch_size"])
+            for x in others:
+                xr = _predict_rows(rows[rows["gpu"] == x], params, x, use_per_gpu=True)
+                xr = xr.set_index(["workload", "phase", "batch_size"])
+                model_y = test["pred"].reindex(xr.index)
+                scaled = xr["value"] * model_y / xr["pred"]
+                test[f"pred_from_{x}"] = scaled.reindex(test.index)
+            # closest measured GPU that has this row, as predict_phase chooses
+            closest = pd.Series(np.nan, index=test.index)
+            for x in reversed(by_dist):
+                col = test[f"pred_from_{x}"]
+                closest = col.where(col.notna(), closest)
+            test["pred_closest"] = closest
+            out.append(test.reset_index())
+            bar.advance(task)
+    return pd.concat(out)
+
+
+def leave_models_out(rows: pd.DataFrame, steps: int, folds: int, use_cache: bool) -> pd.DataFrame:
+    """Return per-row spec-model predictions for models held out of the fit (k folds over models)."""
+    models = sorted(rows["workload"].unique())
+    out = []
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task("leave-models-out fits", total=folds)
+        for k in range(folds):
+            held = models[k::folds]
+            params = _fit_cached(f"lmo-{folds}-{k}", rows[~rows["workload"].isin(held)], steps, use_cache)
+            test_rows = rows[rows["workload"].isin(held)]
+            for gpu in sorted(test_rows["gpu"].unique()):
+                out.append(_predict_rows(test_rows[test_rows["gpu"] == gpu], params, gpu, use_per_gpu=True))
+            bar.advance(task)
+    return pd.concat(out)
+
+
+def main() -> None:
+    """Run both validations and print the tables."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=150, help="optimiser steps per fit (default 150)")
+    parser.add_argument("--folds", type=int, default=5, help="model folds for leave-models-out (default 5)")
+    parser.add_argument("--no-cache", action="store_true", help="refit even when a cached fold fit exists")
+    args = parser.parse_args()
+    if not DATA.exists():
+        raise SystemExit(f"shared data not found: {DATA}")
+    t0 = time.perf_counter()
+    torch.set_num_threads(1)
+    rows = load_measured_rows(DATA)
+    console.print(f"{len(rows)} measured forward/backward rows, {rows['gpu'].nunique()} GPUs, "
+                  f"{rows['workload'].nunique()} models")
+
+    logo = leave_one_gpu_out(rows, args.steps, not args.no_cache)
+    table = _table("Leave-one-GPU-out: absolute % error on the held-out GPU")
+    for held in sorted(logo["gpu"].unique()):
+        sel = logo[logo["gpu"] == held]
+        _row(table, f"{held}: spec-model", _errors(sel, "pred"))
+        _row(table, f"{held}: scaled-from closest", _errors(sel, "pred_closest"))
+    _row(table, "ALL: spec-model", _errors(logo, "pred"))
+    _row(table, "ALL: scaled-from closest", _errors(logo, "pred_closest"))
+    console.print(table)
+
+    pairs = _table("Leave-one-GPU-out: scaled from each measured GPU X (rows = held-out Y <- X)")
+    for held in sorted(logo["gpu"].unique()):
+        sel = logo[logo["gpu"] == held]
+        for col in sorted(c for c in logo.columns if c.startswith("pred_from_")):
+            if sel[col].notna().any():
+                _row(pairs, f"{held} <- {col.removeprefix('pred_from_')}", _errors(sel.dropna(subset=[col]), col))
+    console.print(pairs)
+
+    lmo = leave_models_out(rows, args.steps, args.folds, not args.no_cache)
+    table = _table(f"Leave-models-out ({args.folds} folds over models): spec-model with per-GPU factors")
+    _row(table, "ALL", _errors(lmo))
+    console.print(table)
+
+    worst = Table(title="Per-model worst cases (median abs % error of fwd+bwd; LOGO spec / LOGO closest / LMO)")
+    for col in ("model", "LOGO spec med", "LOGO closest med", "LMO med", "worst GPU (LOGO spec)"):
+        worst.add_column(col)
+    records = []
+    for model in sorted(rows["workload"].unique()):
+        a = logo[logo["workload"] == model]
+        b = lmo[lmo["workload"] == model]
+        spec_e, close_e, lmo_e = (_errors(a, "pred")["sum"], _errors(a, "pred_closest")["sum"], _errors(b)["sum"])
+        per_gpu = {g: np.median(_errors(a[a["gpu"] == g], "pred")["sum"]) for g in a["gpu"].unique()
+                   if len(_errors(a[a["gpu"] == g], "pred")["sum"])}
+        bad = max(per_gpu, key=lambda g: per_gpu[g]) if per_gpu else "-"
+        records.append((np.median(spec_e), model, np.median(close_e), np.median(lmo_e),
+                        f"{bad} ({per_gpu.get(bad, float('nan')):.0f}%)"))
+    for spec_med, model, close_med, lmo_med, bad in sorted(records, reverse=True):
+        worst.add_row(model, f"{spec_med:.1f}", f"{close_med:.1f}", f"{lmo_med:.1f}", bad)
+    console.print(worst)
+    console.print(f"done in {time.perf_counter() - t0:.0f} s (fits: {args.steps} steps; cache: "
+                  f"{'off' if args.no_cache else 'on'})")
+
+
+if __name__ == "__main__":
+    main()

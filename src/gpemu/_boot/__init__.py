@@ -1,0 +1,1 @@
+"""Start-up hook directory for `gpemu run` (put on PYTHONPATH; a package only so that wheels ship it)."""

@@ -1,0 +1,192 @@
+"""Fit the time model's constants to measured phase times (run as `python -m gpemu.cost.calibrate`)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from gpemu.cost.model import (
+    DEFAULT_SHARED,
+    PER_GPU_PARAMS,
+    SHARED_PARAMS,
+    COMPUTE_PARAMS,
+    CostParams,
+    OpArrays,
+    compress_views,
+    host_seconds,
+    kernel_seconds,
+    spec_columns,
+)
+from gpemu.cost.predict import _phase_mask, _subset, batch_linear_ops
+from gpemu.errors import GpemuError
+from gpemu.hardware import get_gpu
+
+# Powers of two plus a few in between: enough to pin the curves, leaving most measured rows for validation.
+FIT_BATCHES: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
+FITTED_JSON = Path(__file__).with_name("fitted.json")
+PER_GPU_PRIOR = 0.05  # L2 weight on log per-GPU factors: they only absorb what the spec cannot explain
+
+
+def load_measured_rows(path: str | Path) -> pd.DataFrame:
+    """Return measured forward/backward rows (gpu key, workload, phase, batch_size, dtype, value) from a GPEmu
+    ROWS.csv (kind,gpu,model,batch_size,value,unit,measured) or a native profile CSV; unknown GPUs are skipped."""
+    df = pd.read_csv(path)
+    if "kind" in df.columns:
+        df = df.rename(columns={"kind": "phase", "model": "workload"})
+        df["dtype"] = "fp32"
+    df = df[(df["phase"].isin(["forward", "backward"])) & (df["measured"].astype(int) == 1)].copy()
+    keys = {}
+    for name in df["gpu"].unique():
+        try:
+            keys[name] = get_gpu(str(name)).key
+        except GpemuError:
+            keys[name] = None
+    df["gpu"] = df["gpu"].map(keys)
+    return df.dropna(subset=["gpu"]).reset_index(drop=True)
+
+
+def _log_init() -> dict[str, torch.Tensor]:
+    return {k: torch.tensor(math.log(DEFAULT_SHARED[k]), dtype=torch.float64, requires_grad=True)
+            for k in SHARED_PARAMS}
+
+
+def _concat(parts: Sequence[OpArrays]) -> OpArrays:
+    cat = lambda attr: np.concatenate([getattr(o, attr) for o in parts])  # noqa: E731
+    return OpArrays([n for o in parts for n in o.names], [c for o in parts for c in o.category],
+                    [d for o in parts for d in o.dtype], cat("tensor_core"), cat("phase"), cat("flops"), cat("bytes"),
+                    cat("flops_per_sample"), cat("bytes_per_sample"), cat("views_before"))
+
+
+class _GpuBlock:
+    """All (workload, phase) segments measured on one GPU, flattened into one op axis for a vectorised fit."""
+
+    def __init__(self, gpu: str, rows: pd.DataFrame, batches: Sequence[int]) -> None:
+        self.gpu = gpu
+        spec = get_gpu(gpu)
+        parts, seg_ids, starts, ends = [], [], [], []
+        table = rows.pivot_table(index=["workload", "phase"], columns="batch_size", values="value")
+        table = table.reindex(columns=list(batches))
+        offset = 0
+        for seg, (workload, phase) in enumerate(table.index):
+            all_ops = batch_linear_ops(str(workload), "fp32")
+            ops = compress_views(_subset(all_ops, _phase_mask(all_ops, str(phase))))
+            parts.append(ops)
+            seg_ids.append(np.full(len(ops.names), seg))
+            starts.append(offset)
+            offset += len(ops.names)
+            ends.append(offset)
+        self.ops = _concat(parts)
+        self.cols = spec_columns(self.ops, spec, 0.5)
+        b = np.asarray(batches, dtype=np.float64)[:, None]
+        assert self.ops.flops_per_sample is not None and self.ops.bytes_per_sample is not None
+        self.flops = torch.as_tensor(self.ops.flops[None, :] + self.ops.flops_per_sample[None, :] * b)
+        self.nbytes = torch.as_tensor(self.ops.bytes[None, :] + self.ops.bytes_per_sample[None, :] * b)
+        self.seg = torch.as_tensor(np.concatenate(seg_ids)).expand(len(batches), -1)
+        self.starts = torch.as_tensor(starts)
+        self.ends = torch.as_tensor(ends)
+        values = table.to_numpy(dtype=np.float64).T  # [batches, segments]
+        self.mask = torch.as_tensor(~np.isnan(values))
+        self.log_measured = torch.as_tensor(np.log(np.where(np.isnan(values), 1.0, values)))
+        self.n_seg = len(table.index)
+        self.is_fwd = torch.as_tensor([ph == "forward" for _, ph in table.index])
+
+    def predict(self, p: dict[str, Any], f: dict[str, Any]) -> torch.Tensor:
+        """Return predicted seconds [batches, segments] (each segment timed as one phase, see Note [Time model])."""
+        kern = kernel_seconds(self.flops, self.nbytes, self.cols, p, f)
+        host = host_seconds(self.ops, p, f)
+        zero = torch.zeros(kern.shape[0], 1, dtype=kern.dtype)
+        rev = torch.cat([torch.flip(torch.cumsum(torch.flip(kern, (-1,)), -1), (-1,)), zero], -1)
+        tail = rev[:, :-1] - rev[:, self.ends][:, self.seg[0]]
+        hc = torch.cat([torch.zeros(1, dtype=host.dtype), torch.cumsum(host, -1)])
+        host_cum = hc[1:] - hc[self.starts][self.seg[0]]
+        total = host_cum + tail
+        out = torch.full((kern.shape[0], self.n_seg), -1e9, dtype=kern.dtype)
+        out = out.scatter_reduce(-1, self.seg, total, reduce="amax", include_self=True)
+        return out + torch.where(self.is_fwd, p["t0"], p["t0_bwd"])
+
+
+def fit(rows: pd.DataFrame, batches: Sequence[int] = FIT_BATCHES, per_gpu: bool = True, steps: int = 300,
+        progress: Any = None) -> CostParams:
+    """Return CostParams fitted by least squares on log(predicted/measured) over `rows` at `batches`."""
+    rows = rows[rows["batch_size"].isin(list(batches)) & (rows["dtype"] == "fp32")]
+    if rows.empty:
+        raise GpemuError("no measured fp32 forward/backward rows to fit")
+    gpus = sorted(rows["gpu"].unique())
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # ~20x faster than 2+ threads on these mid-sized arrays on a shared machine
+    try:
+        return _fit(rows, gpus, batches, per_gpu, steps, progress)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _fit(rows: pd.DataFrame, gpus: list[str], batches: Sequence[int], per_gpu: bool, steps: int,
+         progress: Any) -> CostParams:
+    blocks = [_GpuBlock(g, rows[rows["gpu"] == g], batches) for g in gpus]
+    logp = _log_init()
+    logf = {g: {k: torch.zeros((), dtype=torch.float64, requires_grad=per_gpu) for k in PER_GPU_PARAMS} for g in gpus}
+    leaves = list(logp.values()) + ([v for d in logf.values() for v in d.values()] if per_gpu else [])
+    opt = torch.optim.Adam(leaves, lr=0.08)
+    n_rows = int(sum(int(b.mask.sum()) for b in blocks))
+    for step in range(steps):
+        opt.zero_grad()
+        p = {k: v.exp() for k, v in logp.items()}
+        loss = torch.zeros((), dtype=torch.float64)
+        for block in blocks:
+            f = {k: v.exp() for k, v in logf[block.gpu].items()}
+            err = (block.predict(p, f).log() - block.log_measured) * block.mask
+            loss = loss + (err**2).sum()
+        loss = loss / n_rows
+        if per_gpu:
+            loss = loss + PER_GPU_PRIOR * sum((v**2 for d in logf.values() for v in d.values()), torch.zeros(()))
+        loss.backward()
+        opt.step()
+        with torch.no_grad():
+            # memory efficiencies are fractions of peak bandwidth; conv/matmul "efficiency" is against direct-conv
+            # FLOPs and may exceed 1 (cuDNN's Winograd/FFT kernels do fewer multiplies): capped at 3.
+            for k in ("m_elementwise", "m_norm", "m_other"):
+                logp[k].clamp_(max=0.0)
+            for k in COMPUTE_PARAMS:
+                logp[k].clamp_(max=math.log(3.0))
+        if step in (int(steps * 0.6), int(steps * 0.85)):
+            for group in opt.param_groups:
+                group["lr"] *= 0.3
+        if progress is not None:
+            progress(step + 1, steps, float(loss.detach()))
+    shared = {k: float(v.exp()) for k, v in logp.items()}
+    per = {g: {k: float(v.exp()) for k, v in d.items()} for g, d in logf.items()} if per_gpu else {}
+    return CostParams(shared, per, 0.5, note=f"fit on {n_rows} measured rows, GPUs {', '.join(gpus)}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Refit from ROWS.csv and write src/gpemu/cost/fitted.json (the packaged constants)."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--data", default=str(Path(__file__).resolve().parents[4] / "shared/data/gpemu-profiles/ROWS.csv"))
+    parser.add_argument("--out", default=str(FITTED_JSON))
+    parser.add_argument("--steps", type=int, default=400)
+    args = parser.parse_args(argv)
+    rows = load_measured_rows(args.data)
+    from rich.progress import Progress
+
+    with Progress() as bar:
+        task = bar.add_task("fitting", total=args.steps)
+        params = fit(rows, steps=args.steps, progress=lambda i, n, loss: bar.update(task, completed=i,
+                                                                                      description=f"fit loss {loss:.4f}"))
+    out = params.to_json()
+    out["note"] = (f"{params.note}; data: GPEmu gpemu-profiles/ROWS.csv measured=1, batch sizes {list(FIT_BATCHES)}; "
+                   f"fitted {dt.date.today().isoformat()} with `python -m gpemu.cost.calibrate`; torch {torch.__version__}")
+    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,246 @@
+"""The fitted time model: per-op kernel seconds from FLOPs/bytes and a GPU spec, and whole-phase seconds."""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+import numpy as np
+import torch
+
+from gpemu.cost.registry import CATEGORIES, COMPUTE_CATEGORIES
+from gpemu.hardware import GPUSpec
+
+# Note [Time model]
+# One kernel of category c with F FLOPs and M bytes on GPU g:
+#     compute_s = (F + w_half * sm_count) / (peak_g(dtype, c, tensor_core) * e_c * a_g)
+#     memory_s  = (M + b_half * sm_count) / (bw_g * m_c * b_g)
+#     kernel_s  = max(compute_s, memory_s) + k0                      (views: 0)
+# i.e. efficiency ramps as F / (F + w_half * SMs): a kernel needs ~w_half FLOPs per SM before it fills the GPU, and
+# the same for bytes. e_c, m_c are per-category ceilings shared by every GPU; a_g, b_g are optional per-GPU factors
+# (1.0 for a GPU that has no measurements: the spec alone predicts it). Host side: every op dispatched costs the
+# host h (forward) or h_bwd (loss/backward/step) seconds times the GPU's host factor c_g; views cost h_view. Work is
+# asynchronous, so a phase of ops j=1..n with host times H_j (cumulative) and kernel times d_j ends at
+#     T = t0 + max_j (H_j + d_j + ... + d_n)        (the GPU is either starved by the host or busy)
+# which is exactly the stream contract (start = max(host launch, stream done)) summed over the phase.
+# Peaks: fp32 conv on Ampere+ uses TF32 tensor cores (cuDNN's allow_tf32 defaults to True; cuBLAS's does not);
+# 16-bit conv/matmul/attention with tensor-core-friendly dims use the tensor-core peak times `tc_rel` on cc >= 7.0.
+# `tc_rel` cannot be fitted from the shared data (all fp32 on CUDA cores): it is a documented prior.
+
+MEMORY_CATEGORIES: tuple[str, ...] = tuple(c for c in CATEGORIES if c not in COMPUTE_CATEGORIES)
+SHARED_PARAMS: tuple[str, ...] = (
+    "e_conv", "e_conv_bwd", "e_grouped", "e_grouped_bwd", "e_matmul", "w_half", "m_elementwise", "m_norm",
+    "m_other", "b_half", "k0", "h", "h_bwd", "h_view", "t0", "t0_bwd",
+)
+PER_GPU_PARAMS: tuple[str, ...] = ("a", "b", "c")  # compute, memory and host factors
+
+
+@dataclass(frozen=True)
+class CostParams:
+    """Fitted constants of the time model (see Note [Time model]); `per_gpu` maps catalog key -> factors."""
+
+    shared: dict[str, float]
+    per_gpu: dict[str, dict[str, float]] = field(default_factory=dict)
+    tc_rel: float = 0.5  # prior: fraction of the tensor-core peak a well-shaped 16-bit kernel reaches vs CUDA cores
+    note: str = ""
+
+    def factors(self, spec: GPUSpec, use_per_gpu: bool = True) -> dict[str, float]:
+        """Return the per-GPU factors a, b, c for `spec` (all 1.0 when it was not in the fit)."""
+        base = {k: 1.0 for k in PER_GPU_PARAMS}
+        if use_per_gpu:
+            base.update(self.per_gpu.get(spec.key, {}))
+        return base
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the JSON object stored in fitted.json."""
+        return {"shared": self.shared, "per_gpu": self.per_gpu, "tc_rel": self.tc_rel, "note": self.note}
+
+
+DEFAULT_SHARED: dict[str, float] = {
+    "e_conv": 0.6, "e_conv_bwd": 0.5, "e_grouped": 0.1, "e_grouped_bwd": 0.05, "e_matmul": 0.7, "w_half": 2e6, "m_elementwise": 0.75, "m_norm": 0.6, "m_other": 0.6,
+    "b_half": 2e4, "k0": 3e-6, "h": 2e-5, "h_bwd": 1e-5, "h_view": 3e-6, "t0": 3e-4, "t0_bwd": 1e-3,
+}
+
+
+@functools.cache
+def load_params() -> CostParams:
+    """Return the packaged fitted constants (src/gpemu/cost/fitted.json), or priors when the file is absent."""
+    try:
+        text = resources.files("gpemu.cost").joinpath("fitted.json").read_text(encoding="utf-8")
+    except (FileNotFoundError, OSError):
+        return CostParams(dict(DEFAULT_SHARED), note="unfitted priors")
+    data = json.loads(text)
+    shared = {**DEFAULT_SHARED, **data["shared"]}
+    return CostParams(shared, data.get("per_gpu", {}), float(data.get("tc_rel", 0.5)), str(data.get("note", "")))
+
+
+def has_tensor_cores(spec: GPUSpec) -> bool:
+    """Return True for GPUs with tensor cores (compute capability >= 7.0)."""
+    return tuple(spec.compute_capability) >= (7, 0)
+
+
+def peak_flops(spec: GPUSpec, dtype: str, category: str, tensor_core: bool, tc_rel: float) -> float:
+    """Return the effective peak FLOP/s an op of this dtype/category can use on `spec` (see Note [Time model])."""
+    fp32 = spec.peak_tflops["fp32"] * 1e12
+    if dtype == "fp64":
+        return spec.peak_tflops["fp64"] * 1e12 or fp32 / 32
+    if dtype in ("fp16", "bf16"):
+        native = spec.peak_tflops.get(dtype, 0.0) * 1e12
+        if not native:
+            return fp32  # no native 16-bit math (e.g. bf16 before Ampere): runs at fp32 speed at best
+        if has_tensor_cores(spec):
+            return max(native * tc_rel, fp32) if tensor_core and category in COMPUTE_CATEGORIES else fp32
+        return native  # packed half2 on CUDA cores (P100)
+    if category == "conv" and spec.peak_tflops.get("tf32", 0.0) > 0:
+        return max(spec.peak_tflops["tf32"] * 1e12 * tc_rel, fp32)
+    return fp32
+
+
+def _mem_param(category: str) -> str:
+    if category in ("elementwise", "optimizer", "copy", "conv", "conv_grouped", "matmul", "attention"):
+        return "m_elementwise"
+    if category == "norm":
+        return "m_norm"
+    return "m_other"
+
+
+@dataclass
+class OpArrays:
+    """Per-op columns of a traced phase, ready for vectorised timing (flops/bytes may be batch-linear)."""
+
+    names: list[str]
+    category: list[str]
+    dtype: list[str]
+    tensor_core: np.ndarray  # bool
+    phase: np.ndarray  # 0 forward, 1 backward (incl. loss), 2 optimizer
+    flops: np.ndarray  # at the reference batch (or the per-batch intercept when batch-linear)
+    bytes: np.ndarray
+    flops_per_sample: np.ndarray | None = None
+    bytes_per_sample: np.ndarray | None = None
+    views_before: np.ndarray | None = None  # set by compress_views: view ops folded into the next kernel's host time
+
+    def at_batch(self, batch_size: float) -> tuple[np.ndarray, np.ndarray]:
+        """Return (flops, bytes) at `batch_size` (batch-linear arrays) or the stored ones."""
+        if self.flops_per_sample is None or self.bytes_per_sample is None:
+            return self.flops, self.bytes
+        return self.flops + self.flops_per_sample * batch_size, self.bytes + self.bytes_per_sample * batch_size
+
+
+_PHASE_ID = {"forward": 0, "backward": 1, "optimizer": 2}
+
+
+def op_arrays(records: Sequence[Any]) -> OpArrays:
+    """Return OpArrays for a list of gpemu.workloads.optrace.OpRecord."""
+    return OpArrays(
+        names=[r.name for r in records],
+        category=[r.category for r in records],
+        dtype=[r.dtype for r in records],
+        tensor_core=np.array([r.tensor_core for r in records], dtype=bool),
+        phase=np.array([_PHASE_ID[r.phase] for r in records], dtype=np.int64),
+        flops=np.array([r.flops for r in records], dtype=np.float64),
+        bytes=np.array([r.bytes for r in records], dtype=np.float64),
+    )
+
+
+@dataclass
+class SpecColumns:
+    """Per-op constants for one (ops, GPU) pair: effective peak, bandwidth, which parameters apply."""
+
+    peak: np.ndarray
+    is_kernel: np.ndarray
+    compute_param: np.ndarray  # index into COMPUTE_PARAMS, -1 for memory-only ops
+    mem_param: np.ndarray  # index into ("m_elementwise", "m_norm", "m_other")
+    bw: float
+    sm_count: int
+
+
+COMPUTE_PARAMS: tuple[str, ...] = ("e_conv", "e_conv_bwd", "e_grouped", "e_grouped_bwd", "e_matmul")
+
+
+def _compute_idx(category: str, name: str) -> int:
+    if category in ("matmul", "attention"):
+        return 4
+    if category in ("conv", "conv_grouped"):
+        return (0 if category == "conv" else 2) + int(name.endswith("_backward"))
+    return -1
+
+_MEM_IDX = {"m_elementwise": 0, "m_norm": 1, "m_other": 2}
+
+
+def spec_columns(ops: OpArrays, spec: GPUSpec, tc_rel: float) -> SpecColumns:
+    """Return the GPU-dependent per-op constants for `ops` on `spec`."""
+    cache: dict[tuple[str, str, bool], float] = {}
+    peaks = np.empty(len(ops.names))
+    for i, (cat, dt, tc) in enumerate(zip(ops.category, ops.dtype, ops.tensor_core.tolist(), strict=True)):
+        key = (cat, dt, tc)
+        if key not in cache:
+            cache[key] = peak_flops(spec, dt, cat, tc, tc_rel)
+        peaks[i] = cache[key]
+    return SpecColumns(
+        peak=peaks,
+        is_kernel=np.array([c != "view" for c in ops.category]),
+        compute_param=np.array([_compute_idx(c, n) for c, n in zip(ops.category, ops.names, strict=True)]),
+        mem_param=np.array([_MEM_IDX[_mem_param(c)] for c in ops.category]),
+        bw=spec.memory_bw_gbps * 1e9,
+        sm_count=spec.sm_count,
+    )
+
+
+def _t(x: Any) -> torch.Tensor:
+    return x if isinstance(x, torch.Tensor) else torch.as_tensor(x, dtype=torch.float64)
+
+
+def kernel_seconds(flops: Any, nbytes: Any, cols: SpecColumns, p: dict[str, Any], f: dict[str, Any]) -> torch.Tensor:
+    """Return per-op GPU kernel seconds as a float64 tensor (`p` shared params, `f` per-GPU factors; floats or
+    tensors, so the calibration can differentiate through it)."""
+    flops, nbytes = _t(flops), _t(nbytes)
+    e = torch.stack([_t(p[k]) for k in COMPUTE_PARAMS])
+    m = torch.stack([_t(p[k]) for k in ("m_elementwise", "m_norm", "m_other")])
+    e_op = e[torch.as_tensor(np.maximum(cols.compute_param, 0))]
+    m_op = m[torch.as_tensor(cols.mem_param)]
+    has_compute = torch.as_tensor(cols.compute_param >= 0)
+    compute = (flops + p["w_half"] * cols.sm_count) / (torch.as_tensor(cols.peak) * e_op * f["a"])
+    compute = torch.where(has_compute, compute, torch.zeros_like(compute))
+    memory = (nbytes + p["b_half"] * cols.sm_count) / (cols.bw * m_op * f["b"])
+    body = torch.maximum(compute, memory) + p["k0"]
+    return torch.where(torch.as_tensor(cols.is_kernel), body, torch.zeros_like(body))
+
+
+def compress_views(ops: OpArrays) -> OpArrays:
+    """Return `ops` without view ops, each kernel op carrying how many views preceded it (same phase time: views
+    add host time only; trailing views of a phase are dropped)."""
+    is_view = np.array([c == "view" for c in ops.category])
+    keep = np.flatnonzero(~is_view)
+    counts = np.cumsum(is_view)[keep]
+    before = np.diff(np.concatenate([[0], counts])) + (ops.views_before[keep] if ops.views_before is not None else 0)
+    pick = lambda xs: [xs[i] for i in keep]  # noqa: E731
+    return OpArrays(pick(ops.names), pick(ops.category), pick(ops.dtype), ops.tensor_core[keep], ops.phase[keep],
+                    ops.flops[keep], ops.bytes[keep],
+                    None if ops.flops_per_sample is None else ops.flops_per_sample[keep],
+                    None if ops.bytes_per_sample is None else ops.bytes_per_sample[keep],
+                    before.astype(np.float64))
+
+
+def host_seconds(ops: OpArrays, p: dict[str, Any], f: dict[str, Any]) -> torch.Tensor:
+    """Return each op's host dispatch seconds: h (forward) or h_bwd (loss/backward/step) per kernel op, h_view per
+    view op (or per folded view, see compress_views)."""
+    kern = torch.as_tensor(np.array([c != "view" for c in ops.category]), dtype=torch.float64)
+    fwd = torch.as_tensor(ops.phase == 0, dtype=torch.float64)
+    per_kernel = fwd * _t(p["h"]) + (1 - fwd) * _t(p["h_bwd"])
+    views = torch.as_tensor(ops.views_before) if ops.views_before is not None else 1 - kern
+    return (kern * per_kernel + views * _t(p["h_view"])) * f["c"]
+
+
+def phase_seconds(kernel_s: torch.Tensor, host_s: torch.Tensor, p: dict[str, Any], phase: str) -> torch.Tensor:
+    """Return one phase's seconds for ops in launch order: t0 + max_j(H_j + sum_{k>=j} d_k). See Note [Time model].
+
+    `kernel_s` may carry leading batch dimensions (last axis = ops); `host_s` is each op's host seconds.
+    """
+    host_cum = torch.cumsum(host_s, -1)
+    tail = torch.flip(torch.cumsum(torch.flip(kernel_s, (-1,)), -1), (-1,))
+    t0 = p["t0"] if phase == "forward" else p["t0_bwd"]
+    return (host_cum + tail).max(-1).values + t0

@@ -1,0 +1,189 @@
+"""Phase predictions for any (GPU, model, batch, dtype): profile row, cross-GPU scaling, or the spec-only model."""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from gpemu.cost.model import (
+    CostParams,
+    OpArrays,
+    compress_views,
+    host_seconds,
+    kernel_seconds,
+    load_params,
+    op_arrays,
+    phase_seconds,
+    spec_columns,
+)
+from gpemu.errors import GpemuError, UnknownNameError
+from gpemu.estimate import Estimate
+from gpemu.hardware import GPUSpec, get_gpu, list_gpus
+
+PREDICT_PHASES: tuple[str, ...] = ("forward", "backward", "backward_only", "optimizer")
+_BASE_BATCHES = (2, 4)  # traced batch sizes from which per-op FLOPs/bytes are extended linearly in the batch size
+
+
+class _DB(Protocol):
+    rows: Any
+
+    def lookup(self, gpu: Any, workload: str, phase: str, batch_size: int, dtype: str = "fp32") -> Estimate: ...
+
+
+@functools.cache
+def batch_linear_ops(model: str, dtype: str = "fp32", optimizer: str = "sgd-gpemu") -> OpArrays:
+    """Return a model's step ops with FLOPs and bytes linear in the batch size (from traces at batch 2 and 4).
+
+    Every op of a training step is per-sample work plus batch-independent work (weights, weight gradients), so
+    flops(B) = f0 + f1*B exactly; this lets one pair of cached traces price every batch size.
+    """
+    from gpemu.workloads.optrace import trace_training_step
+
+    b1, b2 = _BASE_BATCHES
+    r1 = trace_training_step(model, b1, dtype, optimizer)
+    r2 = trace_training_step(model, b2, dtype, optimizer)
+    if [r.name for r in r1] != [r.name for r in r2]:
+        raise GpemuError(f"{model}: the op sequence changes with the batch size; cannot extend it linearly")
+    a1, a2 = op_arrays(r1), op_arrays(r2)
+    f1 = (a2.flops - a1.flops) / (b2 - b1)
+    by1 = (a2.bytes - a1.bytes) / (b2 - b1)
+    a1.flops_per_sample, a1.bytes_per_sample = f1, by1
+    a1.flops = a1.flops - f1 * b1
+    a1.bytes = a1.bytes - by1 * b1
+    return a1
+
+
+def _phase_mask(ops: OpArrays, phase: str) -> np.ndarray:
+    if phase == "forward":
+        return ops.phase == 0
+    if phase == "backward":
+        return ops.phase >= 1
+    if phase == "backward_only":
+        return ops.phase == 1
+    if phase == "optimizer":
+        return ops.phase == 2
+    raise UnknownNameError("phase", phase, PREDICT_PHASES)
+
+
+def _subset(ops: OpArrays, mask: np.ndarray) -> OpArrays:
+    idx = np.flatnonzero(mask)
+    pick = lambda xs: [xs[i] for i in idx]  # noqa: E731
+    return OpArrays(pick(ops.names), pick(ops.category), pick(ops.dtype), ops.tensor_core[idx], ops.phase[idx],
+                    ops.flops[idx], ops.bytes[idx],
+                    None if ops.flops_per_sample is None else ops.flops_per_sample[idx],
+                    None if ops.bytes_per_sample is None else ops.bytes_per_sample[idx])
+
+
+def model_phase_seconds(spec: GPUSpec, model: str, phase: str, batch_sizes: Sequence[float], dtype: str = "fp32",
+                        params: CostParams | None = None, use_per_gpu: bool = True) -> np.ndarray:
+    """Return the time model's seconds for one phase at each batch size (no profile involved)."""
+    params = params or load_params()
+    all_ops = batch_linear_ops(model, dtype)
+    ops = compress_views(_subset(all_ops, _phase_mask(all_ops, phase)))
+    cols = spec_columns(ops, spec, params.tc_rel)
+    p, f = params.shared, params.factors(spec, use_per_gpu)
+    batches = np.asarray(batch_sizes, dtype=np.float64)[:, None]
+    assert ops.flops_per_sample is not None and ops.bytes_per_sample is not None
+    flops = ops.flops[None, :] + ops.flops_per_sample[None, :] * batches
+    nbytes = ops.bytes[None, :] + ops.bytes_per_sample[None, :] * batches
+    with torch.no_grad():
+        kern = kernel_seconds(flops, nbytes, cols, p, f)
+        out = phase_seconds(kern, host_seconds(ops, p, f), p, phase)
+    return out.numpy()
+
+
+def predict_ops(gpu: GPUSpec | str, ops: Sequence[Any], params: CostParams | None = None) -> list[float]:
+    """Return each op's predicted GPU kernel seconds (OpRecord-like objects with name, phase, category, flops,
+    bytes, dtype, tensor_core; views get 0). Host dispatch time is not included: the device timeline adds launches."""
+    spec = get_gpu(gpu)
+    params = params or load_params()
+    if not ops:
+        return []
+    arrays = op_arrays(ops)
+    cols = spec_columns(arrays, spec, params.tc_rel)
+    with torch.no_grad():
+        kern = kernel_seconds(arrays.flops, arrays.bytes, cols, params.shared, params.factors(spec))
+    return [float(x) for x in kern]
+
+
+# -- the prediction ladder -----------------------------------------------------------------------------------------
+def _db_rows(db: Any) -> Any:
+    rows = getattr(db, "rows", db)
+    return rows if hasattr(rows, "columns") else None
+
+
+def _profile_estimate(db: Any, spec: GPUSpec, workload: str, phase: str, batch_size: int, dtype: str) -> Estimate | None:
+    lookup = getattr(db, "lookup", None)
+    if lookup is None:
+        return None
+    try:
+        est = lookup(spec.key, workload, phase, batch_size, dtype)
+    except GpemuError:
+        return None
+    if est.kind in ("measured", "interpolated"):
+        return est  # type: ignore[no-any-return]
+    return None
+
+
+def spec_distance(a: GPUSpec, b: GPUSpec) -> float:
+    """Return how different two GPUs are for timing purposes (log-distance of fp32 peak, bandwidth, SMs + arch)."""
+    d = abs(math.log(a.peak_tflops["fp32"] / b.peak_tflops["fp32"]))
+    d += abs(math.log(a.memory_bw_gbps / b.memory_bw_gbps))
+    d += 0.5 * abs(math.log(a.sm_count / b.sm_count))
+    return d + (0.0 if a.arch == b.arch else 0.3)
+
+
+def _measured_on(rows: Any, workload: str, phase: str, batch_size: int, dtype: str) -> dict[str, float]:
+    """Return {gpu key: measured seconds} for an exact (workload, phase, batch, dtype) key."""
+    sel = rows[(rows["workload"] == workload) & (rows["phase"] == phase) & (rows["batch_size"] == batch_size)
+               & (rows["dtype"] == dtype) & (rows["measured"].astype(int) == 1)]
+    out: dict[str, float] = {}
+    for gpu, value in zip(sel["gpu"], sel["value"], strict=True):
+        try:
+            out[get_gpu(str(gpu)).key] = float(value)
+        except GpemuError:
+            continue
+    return out
+
+
+def predict_phase(gpu: GPUSpec | str, workload: str, phase: str, batch_size: int, dtype: str = "fp32",
+                  db: Any | None = None, params: CostParams | None = None,
+                  exclude_gpus: Sequence[str] = ()) -> Estimate:
+    """Return seconds for one phase: (a) the db's measured/interpolated row, (b) the closest measured GPU X scaled by
+    model(Y)/model(X) (path "scaled-from:<X>"), or (c) the time model from the spec (path "spec-model")."""
+    spec = get_gpu(gpu)
+    if phase not in PREDICT_PHASES:
+        raise UnknownNameError("phase", phase, PREDICT_PHASES)
+    if batch_size < 1:
+        raise GpemuError(f"batch size must be >= 1, got {batch_size}")
+    if db is not None and spec.key not in exclude_gpus:
+        hit = _profile_estimate(db, spec, workload, phase, batch_size, dtype)
+        if hit is not None:
+            return hit
+    params = params or load_params()
+    own = float(model_phase_seconds(spec, workload, phase, [batch_size], dtype, params)[0])
+    rows = _db_rows(db) if db is not None else None
+    if rows is not None and phase in ("forward", "backward"):
+        measured = {k: v for k, v in _measured_on(rows, workload, phase, batch_size, dtype).items()
+                    if k != spec.key and k not in exclude_gpus}
+        if measured:
+            x_key = min(measured, key=lambda k: spec_distance(spec, get_gpu(k)))
+            x_spec = get_gpu(x_key)
+            x_model = float(model_phase_seconds(x_spec, workload, phase, [batch_size], dtype, params)[0])
+            value = measured[x_key] * own / x_model
+            return Estimate(value, "s", "predicted", source=f"{x_key} measured {measured[x_key]:.6g} s x model "
+                            f"ratio {own / x_model:.4g}", path=f"scaled-from:{x_key}",
+                            details={"from_gpu": x_key, "measured_s": measured[x_key], "model_y_s": own,
+                                     "model_x_s": x_model})
+    return Estimate(own, "s", "predicted", source=f"gpemu.cost time model ({params.note or 'fitted.json'})",
+                    path="spec-model", details={"model_s": own})
+
+
+def catalog_keys() -> list[str]:
+    """Return the catalog keys of every GPU (for 'predict every GPU' loops)."""
+    return [s.key for s in list_gpus()]

@@ -1,0 +1,25 @@
+"""Memory prediction: simulate training steps on meta tensors against the caching-allocator model."""
+
+from gpemu.memory.predict import (
+    StepMemory,
+    build_workload,
+    fits,
+    max_batch_size,
+    new_allocator,
+    predict_memory,
+    simulate_training,
+)
+from gpemu.memory.tracker import MemoryTracker
+from gpemu.memory.workspaces import cublas_workspace_bytes
+
+__all__ = [
+    "MemoryTracker",
+    "StepMemory",
+    "build_workload",
+    "cublas_workspace_bytes",
+    "fits",
+    "max_batch_size",
+    "new_allocator",
+    "predict_memory",
+    "simulate_training",
+]

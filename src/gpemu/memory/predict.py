@@ -1,0 +1,322 @@
+"""Memory prediction without a GPU: simulate training steps on meta tensors against the caching-allocator model."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from gpemu.device.allocator import MIB, CachingAllocator, EmulatedOutOfMemoryError
+from gpemu.errors import UnknownNameError
+from gpemu.hardware import GPUSpec, get_gpu
+from gpemu.memory.tracker import MemoryTracker
+from gpemu.memory.workspaces import cublas_workspace_bytes
+
+_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "fp64": torch.float64}
+
+# Note [GPEmu memory semantics]
+# GPEmu's memory.csv (../shared/data/gpemu-profiles/memory) records, per batch size, `peak` = the largest
+# torch.cuda.memory_allocated during one training iteration and `persistent` = memory_allocated after it. An
+# iteration is forward, then loss + optimizer.zero_grad() + backward + SGD-with-momentum step. The data say:
+# - persistent ~= 3 x parameters + one input batch (alexnet B=1: 3 * 233.08 MiB + 0.57 MiB = 699.8 MiB vs 700.2
+#   measured), so gradients survive the iteration: zero_grad() before backward (torch 1.x default
+#   set_to_none=False, or set_to_none=True followed by backward re-creating them; both leave grads allocated);
+# - the cuBLAS workspace is not in memory_allocated (it would add 8 MiB to alexnet's persistent): that torch
+#   (1.x) let cuBLAS allocate it outside the caching allocator. Modern torch allocates it through the caching
+#   allocator (see gpemu.memory.workspaces); predict_memory(..., cublas_workspace=True) models that.
+# - the input batch (B x 3 x 224 x 224 fp32) and labels live on the GPU during and after the iteration; the loop
+#   variables `output` and `loss` of the last iteration stay alive after it.
+
+
+@dataclass(frozen=True)
+class StepMemory:
+    """Memory of a simulated training loop (bytes, steady-state iteration)."""
+
+    peak_bytes: int  # max memory_allocated during the last iteration
+    persistent_bytes: int  # memory_allocated after the last iteration
+    reserved_peak_bytes: int  # max memory_reserved over the whole run
+    parameter_bytes: int
+    batch_bytes: int
+    top_tags: dict[str, int]  # live bytes by tag at the end (parameters, grads, optimizer state, batch, ...)
+
+
+def build_workload(
+    workload: str, batch_size: int, dtype: str = "fp32", source: str = "zoo"
+) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """Return (model, (inputs, labels)) on the meta device: from gpemu's zoo, or torchvision's defaults.
+
+    source="torchvision" builds `torchvision.models.get_model(name, weights=None)` exactly (googlenet keeps its
+    auxiliary classifiers, as GPEmu's measurements did); source="zoo" uses gpemu.workloads.models.
+    """
+    if dtype not in _DTYPES:
+        raise UnknownNameError("dtype", dtype, _DTYPES)
+    torch_dtype = _DTYPES[dtype]
+    with torch.device("meta"):
+        model, batch = _build_zoo(workload, batch_size, source)
+    model = model.to(device="meta", dtype=torch_dtype)
+    batch = tuple(b.to("meta", torch_dtype) if b.is_floating_point() else b.to("meta") for b in batch)
+    return model, batch
+
+
+def _build_zoo(workload: str, batch_size: int, source: str) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    if source not in ("zoo", "torchvision"):
+        raise UnknownNameError("model source", source, ["zoo", "torchvision"])
+    with contextlib.suppress(ImportError, AttributeError):
+        if source != "zoo":
+            raise ImportError
+        from gpemu.workloads import models as zoo  # written by the workloads helper
+
+        model = zoo.build_model(workload)
+        batch = zoo.example_batch(workload, batch_size, device="meta")
+        return model, tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
+    import torchvision
+
+    names = torchvision.models.list_models()
+    if workload not in names:
+        raise UnknownNameError("model", workload, names)
+    kwargs: dict[str, object] = {"weights": None}
+    if workload in ("googlenet", "inception_v3"):
+        kwargs["init_weights"] = False  # scipy-free init; memory does not depend on values (aux_logits stays on)
+    model = torchvision.models.get_model(workload, **kwargs)
+    size = 299 if workload == "inception_v3" else 224
+    images = torch.empty(batch_size, 3, size, size, device="meta")
+    labels = torch.empty(batch_size, dtype=torch.long, device="meta")
+    return model, (images, labels)
+
+
+@contextlib.contextmanager
+def _module_tags(model: nn.Module, tracker: MemoryTracker, phase: str) -> Iterator[None]:
+    """Tag allocations with the innermost running module while the model runs."""
+    handles = []
+    stack: list[str] = []
+
+    def pre(name: str) -> Callable[..., None]:
+        def hook(*_: object) -> None:
+            stack.append(name)
+            tracker.tag = f"{phase}: {name}"
+
+        return hook
+
+    def post(*_: object) -> None:
+        if stack:
+            stack.pop()
+        tracker.tag = f"{phase}: {stack[-1]}" if stack else phase
+
+    for name, module in model.named_modules():
+        if not list(module.children()):  # leaves only: cheap and precise
+            handles.append(module.register_forward_pre_hook(pre(name or type(model).__name__)))
+            handles.append(module.register_forward_hook(post))
+    tracker.tag = phase
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def simulate_training(
+    model: nn.Module,
+    batch: tuple[torch.Tensor, ...],
+    allocator: CachingAllocator,
+    iterations: int = 3,
+    set_to_none: bool = False,
+    cublas_workspace: int = 0,
+    loss_fn: Callable[..., torch.Tensor] | None = None,
+) -> StepMemory:
+    """Run `iterations` SGD-momentum training steps of a meta-device model, charging memory to `allocator`.
+
+    The model and batch must live on `meta`; their storages are charged first (model.cuda(), then the batch copy).
+    See Note [GPEmu memory semantics].
+    """
+    tracker = MemoryTracker(allocator, cublas_workspace_bytes=cublas_workspace)
+    params = list(model.parameters())
+    tracker.track(params, tag="parameters")
+    tracker.track(list(model.buffers()), tag="buffers")
+    parameter_bytes = allocator.memory_allocated()
+    tracker.track(list(batch), tag="input batch")
+    batch_bytes = allocator.memory_allocated() - parameter_bytes
+    loss_fn = loss_fn or nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(params, lr=0.1, momentum=0.9, foreach=False)
+    *inputs, target = batch
+    model.train()
+    output: object = None
+    loss: torch.Tensor | None = None
+    peak = 0
+    with tracker:
+        for _ in range(iterations):
+            allocator.reset_peak_memory_stats()
+            with _module_tags(model, tracker, "forward"):
+                output = model(*inputs)
+            tracker.tag = "loss"
+            logits = _first_tensor(output)
+            loss = loss_fn(logits, target)
+            tracker.tag = "backward"
+            optimizer.zero_grad(set_to_none=set_to_none)
+            loss.backward()
+            tracker.tag = "optimizer"
+            optimizer.step()
+            peak = allocator.max_memory_allocated()
+        persistent = allocator.memory_allocated()
+        tags = _group_tags(allocator.allocated_by_tag())
+        reserved_peak = allocator.max_memory_reserved()
+        del output, loss, logits
+    return StepMemory(peak, persistent, reserved_peak, parameter_bytes, batch_bytes, tags)
+
+
+def _first_tensor(output: object) -> torch.Tensor:
+    if isinstance(output, torch.Tensor):
+        return output
+    if hasattr(output, "logits"):
+        return output.logits  # type: ignore[no-any-return]
+    if isinstance(output, (tuple, list)):
+        return _first_tensor(output[0])
+    if isinstance(output, dict):
+        return _first_tensor(next(iter(output.values())))
+    raise TypeError(f"cannot find the logits in a model output of type {type(output).__name__}")
+
+
+def _group_tags(by_tag: dict[str, int]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for tag, size in by_tag.items():
+        key = tag or "untagged"
+        out[key] = out.get(key, 0) + size
+    return dict(sorted(out.items(), key=lambda kv: -kv[1])[:10])
+
+
+def new_allocator(gpu: GPUSpec | str, memory_limit_bytes: int | None = None) -> CachingAllocator:
+    """Return a fresh CachingAllocator with the capacity and CUDA context of a GPU (or a memory limit)."""
+    spec = get_gpu(gpu)
+    capacity = memory_limit_bytes if memory_limit_bytes is not None else spec.memory_bytes
+    return CachingAllocator(capacity, int(spec.context_mib * MIB))
+
+
+@functools.lru_cache(maxsize=256)
+def _simulate_cached(
+    gpu_key: str, workload: str, batch_size: int, dtype: str, iterations: int, set_to_none: bool,
+    cublas_workspace: bool, capacity_bytes: int | None, source: str = "zoo",
+) -> StepMemory:
+    spec = get_gpu(gpu_key)
+    allocator = new_allocator(spec, capacity_bytes)
+    model, batch = build_workload(workload, batch_size, dtype, source)
+    workspace = cublas_workspace_bytes(spec) if cublas_workspace else 0
+    return simulate_training(model, batch, allocator, iterations, set_to_none, workspace, _zoo_loss(workload))
+
+
+def _zoo_loss(workload: str) -> Callable[..., torch.Tensor] | None:
+    try:
+        from gpemu.workloads import models as zoo
+    except ImportError:
+        return None
+    loss = getattr(zoo, "loss_fn", None)
+    return functools.partial(loss, workload) if loss is not None else None
+
+
+def predict_memory(
+    gpu: GPUSpec | str,
+    workload: str,
+    batch_size: int,
+    dtype: str = "fp32",
+    iterations: int = 3,
+    set_to_none: bool = False,
+    cublas_workspace: bool = False,
+    source: str = "zoo",
+) -> dict[str, object]:
+    """Return {peak_mib, persistent_mib, reserved_peak_mib, source, ...} for one training iteration, without a GPU.
+
+    Simulated with unlimited capacity (so it answers even when the batch would not fit); see max_batch_size().
+    """
+    spec = get_gpu(gpu)
+    mem = _simulate_cached(spec.key, workload, batch_size, dtype, iterations, set_to_none, cublas_workspace, 1 << 60,
+                           source)
+    return {
+        "peak_mib": mem.peak_bytes / MIB,
+        "persistent_mib": mem.persistent_bytes / MIB,
+        "reserved_peak_mib": mem.reserved_peak_bytes / MIB,
+        "parameter_mib": mem.parameter_bytes / MIB,
+        "batch_mib": mem.batch_bytes / MIB,
+        "fits": mem.reserved_peak_bytes + spec.context_mib * MIB <= spec.memory_bytes,
+        "top_allocations_mib": {k: v / MIB for k, v in mem.top_tags.items()},
+        "source": (
+            f"simulated: {iterations} SGD-momentum training steps on meta tensors through gpemu's CUDA "
+            f"caching-allocator model ({dtype}, zero_grad(set_to_none={set_to_none}), "
+            f"cuBLAS workspace {'on' if cublas_workspace else 'off'})"
+        ),
+    }
+
+
+def fits(
+    gpu: GPUSpec | str,
+    workload: str,
+    batch_size: int,
+    dtype: str = "fp32",
+    memory_limit_bytes: int | None = None,
+    set_to_none: bool = False,
+    cublas_workspace: bool = False,
+    source: str = "zoo",
+) -> bool:
+    """Return True when training `workload` at `batch_size` runs without OOM on the GPU (or a memory limit)."""
+    spec = get_gpu(gpu)
+    try:
+        _simulate_cached(spec.key, workload, batch_size, dtype, 2, set_to_none, cublas_workspace,
+                         memory_limit_bytes if memory_limit_bytes is not None else spec.memory_bytes, source)
+    except EmulatedOutOfMemoryError:
+        return False
+    return True
+
+
+def max_batch_size(
+    gpu: GPUSpec | str,
+    workload: str,
+    dtype: str = "fp32",
+    memory_limit_bytes: int | None = None,
+    upper: int = 1 << 16,
+    set_to_none: bool = False,
+    cublas_workspace: bool = False,
+    source: str = "zoo",
+) -> int:
+    """Return the largest batch size whose training step fits (0 when even batch 1 does not), by bisection."""
+
+    def ok(b: int) -> bool:
+        return fits(gpu, workload, b, dtype, memory_limit_bytes, set_to_none, cublas_workspace, source)
+
+    if not ok(1):
+        return 0
+    # Guess from the (near-linear) growth of the unlimited-capacity peak, then bracket and bisect.
+    spec = get_gpu(gpu)
+    capacity = (memory_limit_bytes if memory_limit_bytes is not None else spec.memory_bytes) - spec.context_mib * MIB
+    one = predict_memory(gpu, workload, 1, dtype, 2, set_to_none, cublas_workspace, source)
+    two = predict_memory(gpu, workload, 2, dtype, 2, set_to_none, cublas_workspace, source)
+    per_sample = max(float(two["reserved_peak_mib"]) - float(one["reserved_peak_mib"]), 1e-3) * MIB  # type: ignore[arg-type]
+    guess = int(max(1, min(upper, 1 + (capacity - float(one["reserved_peak_mib"]) * MIB) / per_sample)))  # type: ignore[arg-type]
+    lo, hi = 1, upper + 1  # ok(lo), not ok(hi)
+    step = max(1, guess // 16)
+    probe = guess
+    if ok(probe):
+        lo = probe
+        while lo < upper:
+            probe = min(upper, lo + step)
+            if not ok(probe):
+                hi = probe
+                break
+            lo, step = probe, step * 2
+        else:
+            return upper
+    else:
+        hi = probe
+        while hi > 1:
+            probe = max(1, hi - step)
+            if ok(probe):
+                lo = probe
+                break
+            hi, step = probe, step * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo

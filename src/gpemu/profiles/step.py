@@ -1,0 +1,149 @@
+"""Per-phase figures of one training step (forward, backward, input H2D, memory), each with where it came from."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+from gpemu.errors import GpemuError, UnknownNameError
+from gpemu.estimate import Estimate, missing
+from gpemu.hardware import GPUSpec, get_gpu
+from gpemu.profiles.db import ProfileDB
+from gpemu.profiles.schema import DTYPES
+
+IMAGE_INPUT_BYTES_PER_SAMPLE = 3 * 224 * 224 * 4  # one 3x224x224 fp32 image, as GPEmu copied it
+TOKEN_INPUT_BYTES_PER_SAMPLE = 512 * 8  # one sequence of 512 int64 token ids (gpemu.workloads.models.SEQ_LEN)
+
+
+def known_models(db: ProfileDB) -> list[str]:
+    """Return every model name predict accepts: workloads with profile rows plus the built-in model zoo."""
+    names = set(db.workloads())
+    try:
+        from gpemu.workloads.models import list_models
+    except ImportError:  # pragma: no cover - zoo not installed
+        return sorted(names)
+    return sorted(names | set(list_models()))
+
+
+def check_model(model: str, db: ProfileDB) -> None:
+    """Raise UnknownNameError when `model` is neither profiled nor in the zoo (a "module:factory" ref passes)."""
+    if ":" in model or model in db.workloads():
+        return
+    choices = known_models(db)
+    if model not in choices:
+        raise UnknownNameError("model", model, choices)
+
+
+def input_bytes(model: str, batch_size: int) -> tuple[int, str]:
+    """Return (bytes of one input batch, how it was sized): images 3x224x224 fp32, or 512 int64 tokens for LMs."""
+    kind = "vision"
+    try:
+        from gpemu.workloads.models import model_kind
+
+        kind = model_kind(model)
+    except Exception:  # unknown to the zoo (e.g. only profiled): GPEmu's models are all image classifiers
+        kind = "vision"
+    if kind == "lm":
+        return batch_size * TOKEN_INPUT_BYTES_PER_SAMPLE, f"B x 512 int64 tokens = {batch_size} x 4096 bytes"
+    return batch_size * IMAGE_INPUT_BYTES_PER_SAMPLE, f"B x 3x224x224 fp32 = {batch_size} x 602112 bytes"
+
+
+def _predicted_phase(spec: GPUSpec, model: str, phase: str, batch_size: int, dtype: str, db: ProfileDB) -> Estimate:
+    try:
+        from gpemu.cost.predict import predict_phase
+    except ImportError:
+        return missing("s", "no profile row and no cost model (gpemu.cost.predict) installed")
+    try:
+        return predict_phase(spec, model, phase, batch_size, dtype=dtype, db=db)
+    except GpemuError as exc:  # e.g. a workload that is profiled elsewhere but unknown to the cost model
+        return missing("s", f"no profile row; cost model: {exc}")
+
+
+def phase_estimate(spec: GPUSpec, model: str, phase: str, batch_size: int, dtype: str, db: ProfileDB) -> Estimate:
+    """Return the profile figure for forward/backward, else the cost model's prediction (or missing)."""
+    est = db.lookup(spec, model, phase, batch_size, dtype)
+    return est if est.ok else _predicted_phase(spec, model, phase, batch_size, dtype, db)
+
+
+def h2d_estimate(spec: GPUSpec, model: str, batch_size: int, dtype: str, db: ProfileDB) -> Estimate:
+    """Return the pageable H2D seconds of one input batch: profile row, else bytes / spec.h2d_pageable_gbps."""
+    est = db.lookup(spec, model, "h2d_pageable", batch_size, dtype)
+    if est.ok:
+        return est
+    if dtype != "fp32":  # the loader hands over the same fp32 batch whatever precision the model computes in
+        est = db.lookup(spec, model, "h2d_pageable", batch_size, "fp32")
+        if est.ok:
+            return replace(est, source=f"{est.source} (fp32 row: the input batch is fp32 whatever the compute dtype)")
+    size_bytes, how = input_bytes(model, batch_size)
+    seconds = size_bytes / (spec.h2d_pageable_gbps * 1e9)
+    return Estimate(
+        seconds,
+        "s",
+        "predicted",
+        source=f"{how} / {spec.h2d_pageable_gbps} GB/s pageable H2D of {spec.key} (gpus.toml)",
+        path="spec-h2d-bandwidth",
+        details={"bytes": size_bytes},
+    )
+
+
+def memory_estimate(spec: GPUSpec, model: str, batch_size: int, dtype: str, db: ProfileDB) -> dict[str, Any] | None:
+    """Return {peak_mib, persistent_mib, source, provenance} from profile rows, else gpemu.memory, else None."""
+    peak = db.lookup(spec, model, "mem_peak", batch_size, dtype)
+    persistent = db.lookup(spec, model, "mem_persistent", batch_size, dtype)
+    if peak.ok and persistent.ok:
+        kinds = [peak.kind, persistent.kind]
+        worst = max(kinds, key=["measured", "interpolated", "extrapolated"].index)
+        return {"peak_mib": peak.value, "persistent_mib": persistent.value, "source": worst, "provenance": peak.source}
+    try:
+        from gpemu.memory import predict_memory  # type: ignore[attr-defined]
+    except ImportError:
+        try:
+            from gpemu.memory.predict import predict_memory
+        except ImportError:
+            return None
+    try:
+        mem = predict_memory(spec, model, batch_size, dtype)
+    except Exception as exc:  # a model the memory simulator cannot build: say so rather than crash predict
+        return {"peak_mib": None, "persistent_mib": None, "source": "missing", "provenance": f"memory model: {exc}"}
+    return {
+        "peak_mib": mem["peak_mib"],
+        "persistent_mib": mem["persistent_mib"],
+        "source": "predicted",
+        "provenance": str(mem.get("source", "gpemu.memory.predict_memory")),
+    }
+
+
+def _json_phase(est: Estimate) -> dict[str, Any]:
+    out: dict[str, Any] = dict(est.to_json())
+    if "seconds" not in out:  # a missing estimate has an empty or odd unit
+        out = {"seconds": est.value, **{k: v for k, v in out.items() if k != est.unit}}
+    if isinstance(out["seconds"], float) and math.isnan(out["seconds"]):
+        out["seconds"] = None
+    return out
+
+
+def predict_step(
+    gpu: str | GPUSpec, model: str, batch_size: int, dtype: str = "fp32", db: ProfileDB | None = None
+) -> dict[str, Any]:
+    """Return the `gpemu predict --json` object: per-phase seconds with their source, and memory (or None)."""
+    spec = get_gpu(gpu)
+    db = ProfileDB.default() if db is None else db
+    if dtype not in DTYPES:
+        raise UnknownNameError("dtype", dtype, DTYPES)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+        raise GpemuError(f"batch size must be an integer >= 1, got {batch_size!r}")
+    check_model(model, db)
+    phases = {
+        "forward": phase_estimate(spec, model, "forward", batch_size, dtype, db),
+        "backward": phase_estimate(spec, model, "backward", batch_size, dtype, db),
+        "h2d": h2d_estimate(spec, model, batch_size, dtype, db),
+    }
+    return {
+        "gpu": spec.key,
+        "model": model,
+        "batch_size": batch_size,
+        "dtype": dtype,
+        "phases": {name: _json_phase(est) for name, est in phases.items()},
+        "memory": memory_estimate(spec, model, batch_size, dtype, db),
+    }

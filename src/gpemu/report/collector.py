@@ -1,0 +1,194 @@
+"""Run collector: iteration boundaries, data-fetch spans and per-engine busy intervals of emulated devices."""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpemu.device.gpu import EmulatedGPU
+
+# Note [Iterations]
+# ~~~~~~~~~~~~~~~~~
+# An iteration is the span from the start of one batch fetch (DataLoader __next__, or an explicit mark) to the start
+# of the next one. Its data wait is the host time blocked inside the fetch. A fetch that raises StopIteration closes
+# the open iteration without opening one (time between epochs -- validation, iterator start-up -- belongs to no
+# iteration). The iteration still open when the run ends closes at the later of the host's last GPU interaction and
+# the GPU finishing that work, and is flagged partial (the summary leaves partial iterations out when it has others).
+# GPU figures of an iteration are engine busy time *inside its wall-clock window* (work launched earlier but
+# running in it counts), so busy + idle = wall exactly.
+
+
+class EngineLog:
+    """Busy intervals of one engine, merged when they touch (work on one engine never overlaps)."""
+
+    def __init__(self) -> None:
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+        self._prefix: list[float] | None = None
+
+    def add(self, start_s: float, end_s: float) -> None:
+        """Append one busy interval (start order is guaranteed by the engine)."""
+        if end_s <= start_s:
+            return
+        if self.ends and start_s <= self.ends[-1] + 1e-9:
+            self.ends[-1] = max(self.ends[-1], end_s)
+        else:
+            self.starts.append(start_s)
+            self.ends.append(end_s)
+        self._prefix = None
+
+    def busy_in(self, t0_s: float, t1_s: float) -> float:
+        """Return the seconds this engine was busy inside [t0_s, t1_s)."""
+        if t1_s <= t0_s or not self.starts:
+            return 0.0
+        if self._prefix is None:
+            acc, prefix = 0.0, [0.0]
+            for s, e in zip(self.starts, self.ends, strict=True):
+                acc += e - s
+                prefix.append(acc)
+            self._prefix = prefix
+        lo = bisect.bisect_right(self.ends, t0_s)  # first interval ending after t0
+        hi = bisect.bisect_left(self.starts, t1_s)  # intervals [lo, hi) start before t1
+        if hi <= lo:
+            return 0.0
+        total = self._prefix[hi] - self._prefix[lo]
+        total -= max(0.0, t0_s - self.starts[lo])
+        total -= max(0.0, self.ends[hi - 1] - t1_s)
+        return max(0.0, total)
+
+    def busy_in_spans(self, spans: Iterable[tuple[float, float]]) -> float:
+        """Return the busy seconds summed over several disjoint spans."""
+        return sum(self.busy_in(a, b) for a, b in spans)
+
+
+@dataclass
+class IterationWindow:
+    """One iteration's raw window: [start_s, end_s), its fetch spans and counter snapshots at the start."""
+
+    index: int
+    epoch: int
+    start_s: float
+    end_s: float | None = None
+    fetches: list[tuple[float, float]] = field(default_factory=list)
+    sync_wait_start_s: float = 0.0
+    sync_wait_end_s: float = 0.0
+    h2d_bytes_start: int = 0
+    h2d_bytes_end: int = 0
+    partial: bool = False
+
+
+class RunCollector:
+    """Collects what the run report needs from any loop: fetches, iteration marks and device work."""
+
+    def __init__(
+        self,
+        devices: Callable[[], list[EmulatedGPU]] | list[EmulatedGPU] | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+        trace: Any = None,
+    ) -> None:
+        self._devices_provider = devices if callable(devices) else (lambda: list(devices or []))
+        self.now = clock
+        self.trace = trace
+        self.devices: list[EmulatedGPU] = []
+        self.logs: dict[tuple[int, str], EngineLog] = {}
+        self.iterations: list[IterationWindow] = []
+        self._open: IterationWindow | None = None
+        self._epoch = 0
+        self._epoch_open = False
+        self._last_activity_s = 0.0
+        self._lock = threading.RLock()
+        self.attach()
+
+    # -- devices ---------------------------------------------------------------------------------------------------
+    def attach(self) -> None:
+        """Start logging every device the provider knows and that is not logged yet."""
+        for dev in self._devices_provider():
+            if any(dev is d for d in self.devices):
+                continue
+            self.devices.append(dev)
+            self._hook(dev)
+
+    def _hook(self, dev: EmulatedGPU) -> None:
+        # See Note [Iterations]. EmulatedGPU has no listener API yet; we wrap its per-instance _record and host_wait.
+        original_record = dev._record
+        original_wait = dev.host_wait
+        idx = dev.index
+
+        def _record(work: Any) -> None:
+            original_record(work)
+            log = self.logs.get((idx, work.engine))
+            if log is None:
+                log = self.logs[(idx, work.engine)] = EngineLog()
+            log.add(work.start_s, work.end_s)
+            self._last_activity_s = max(self._last_activity_s, work.launch_s)
+
+        def host_wait(deadline_s: float, reason: str = "wait") -> float:
+            waited = original_wait(deadline_s, reason)
+            self._last_activity_s = max(self._last_activity_s, dev.clock.now())
+            return waited
+
+        dev._record = _record  # type: ignore[method-assign]
+        dev.host_wait = host_wait  # type: ignore[method-assign]
+
+    def _sync_wait_total(self) -> float:
+        return sum(sum(d.stats.host_wait_s.values()) for d in self.devices)
+
+    def _h2d_bytes_total(self) -> int:
+        return sum(d.stats.h2d_bytes for d in self.devices)
+
+    # -- iteration marks -------------------------------------------------------------------------------------------
+    def on_fetch(self, start_s: float, end_s: float) -> None:
+        """Record a successful batch fetch: it ends the open iteration and starts a new one at `start_s`."""
+        with self._lock:
+            self.attach()
+            if not self._epoch_open:
+                self._epoch_open = True
+                self._epoch += 1
+            self._close(start_s)
+            win = IterationWindow(len(self.iterations), self._epoch, start_s)
+            win.fetches.append((start_s, end_s))
+            win.sync_wait_start_s = self._sync_wait_total()
+            win.h2d_bytes_start = self._h2d_bytes_total()
+            self.iterations.append(win)
+            self._open = win
+            if self.trace is not None:
+                self.trace.host_span("data wait", start_s, end_s, category="data", iteration=win.index)
+
+    def on_exhausted(self, start_s: float) -> None:
+        """Record a fetch that raised StopIteration: close the open iteration, open none (end of epoch)."""
+        with self._lock:
+            self._close(start_s)
+            self._epoch_open = False
+
+    def mark_iteration(self, data_wait_s: float = 0.0) -> None:
+        """Start a new iteration now (for loops without a DataLoader); `data_wait_s` = host time spent getting data."""
+        now = self.now()
+        self.on_fetch(now - data_wait_s, now)
+
+    def _close(self, end_s: float, partial: bool = False) -> None:
+        win = self._open
+        if win is None:
+            return
+        win.end_s = max(win.start_s, end_s)
+        win.partial = partial
+        win.sync_wait_end_s = self._sync_wait_total()
+        win.h2d_bytes_end = self._h2d_bytes_total()
+        self._open = None
+        if self.trace is not None:
+            self.trace.host_span(f"iteration {win.index}", win.start_s, win.end_s, category="iteration")
+
+    def finish(self) -> None:
+        """Close the iteration still open at the end of the run (flagged partial). See Note [Iterations]."""
+        with self._lock:
+            win = self._open
+            if win is None:
+                return
+            gpu_done = max((d.t_done for d in self.devices), default=0.0)
+            end_s = max(self._last_activity_s, min(gpu_done, self.now()) if gpu_done > win.start_s else 0.0)
+            if end_s <= win.start_s:
+                end_s = self.now()
+            self._close(end_s, partial=True)

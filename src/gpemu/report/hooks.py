@@ -1,0 +1,182 @@
+"""Report installation: the DataLoader fetch timer, the end-of-run print and the atomic JSON writer."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from gpemu.device.gpu import EmulatedGPU
+from gpemu.report.collector import RunCollector
+from gpemu.report.summary import render, report_dict, write_json
+
+# While a run is longer than this, the JSON file is rewritten (atomically) at most this often, so a killed run
+# keeps its results up to the last few seconds.
+FLUSH_INTERVAL_S = 5.0
+
+_tls = threading.local()
+
+
+def _torch_backend_devices() -> list[EmulatedGPU]:
+    try:
+        from gpemu.torch_backend import current_emulation  # type: ignore[attr-defined]
+    except ImportError:
+        return []
+    emulation = current_emulation()
+    return list(emulation.devices) if emulation is not None else []
+
+
+class RunReport:
+    """A live run report: a collector plus the DataLoader patch, JSON flushing and the exit print."""
+
+    def __init__(
+        self,
+        devices: Callable[[], list[EmulatedGPU]] | list[EmulatedGPU] | None = None,
+        json_path: str | Path | None = None,
+        warmup: int = 1,
+        print_summary: bool = True,
+        clock: Callable[[], float] = time.perf_counter,
+        trace: Any = None,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
+        self.collector = RunCollector(devices if devices is not None else _torch_backend_devices, clock, trace)
+        self.json_path = Path(json_path) if json_path else None
+        self.warmup = warmup
+        self.print_summary = print_summary
+        self.meta = dict(meta or {})
+        self._last_flush_s = time.monotonic()
+        self._finished = False
+        self._original_next: Any = None
+
+    # -- DataLoader patch -------------------------------------------------------------------------------------------
+    def patch_dataloader(self) -> None:
+        """Time every DataLoader batch fetch (torch.utils.data _BaseDataLoaderIter.__next__) in this process."""
+        from torch.utils.data import dataloader
+
+        cls = dataloader._BaseDataLoaderIter
+        if self._original_next is not None:
+            return
+        original = self._original_next = cls.__next__
+        report = self
+
+        def __next__(it: Any) -> Any:
+            if getattr(_tls, "inside", False):  # a loader nested in a loader: only the outer fetch counts
+                return original(it)
+            _tls.inside = True
+            t0 = report.collector.now()
+            try:
+                batch = original(it)
+            except StopIteration:
+                report.collector.on_exhausted(t0)
+                raise
+            finally:
+                _tls.inside = False
+            report.collector.on_fetch(t0, report.collector.now())
+            report._maybe_flush()
+            return batch
+
+        cls.__next__ = __next__  # type: ignore[method-assign,assignment]
+
+    def unpatch_dataloader(self) -> None:
+        """Restore the original DataLoader __next__."""
+        if self._original_next is not None:
+            from torch.utils.data import dataloader
+
+            dataloader._BaseDataLoaderIter.__next__ = self._original_next  # type: ignore[method-assign]
+            self._original_next = None
+
+    # -- output -------------------------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """Return the report as it stands (every closed iteration plus the summary)."""
+        return report_dict(self.collector, self.warmup, self.meta)
+
+    def _maybe_flush(self) -> None:
+        if self.json_path is None or time.monotonic() - self._last_flush_s < FLUSH_INTERVAL_S:
+            return
+        t0 = time.monotonic()
+        write_json({**self.to_dict(), "complete": False}, self.json_path)
+        # Keep flushing cheap for very long runs: never spend more than ~5% of the time writing.
+        self._last_flush_s = time.monotonic() + 20 * (time.monotonic() - t0)
+
+    def finish(self, print_summary: bool | None = None) -> dict[str, Any]:
+        """Close the open iteration, write the JSON (if asked) and print the summary; return the report."""
+        if self._finished:
+            return self.to_dict()
+        self._finished = True
+        self.collector.finish()
+        report = self.to_dict()
+        if self.json_path is not None:
+            write_json({**report, "complete": True}, self.json_path)
+        if self.print_summary if print_summary is None else print_summary:
+            render(report)
+            if self.json_path is not None:
+                print(f"gpemu: report written to {self.json_path}", file=sys.stderr)
+        return report
+
+
+_active: RunReport | None = None
+
+
+def active_report() -> RunReport | None:
+    """Return the report installed in this process, if any."""
+    return _active
+
+
+def install_report(
+    devices: Callable[[], list[EmulatedGPU]] | list[EmulatedGPU] | None = None,
+    json_path: str | Path | None = None,
+    warmup: int = 1,
+    print_summary: bool = True,
+    trace: Any = None,
+    meta: dict[str, Any] | None = None,
+) -> RunReport:
+    """Install the process-wide run report: time DataLoader fetches, print/write at exit (also on Ctrl-C/SIGTERM)."""
+    global _active
+    if _active is not None:
+        return _active
+    report = _active = RunReport(devices, json_path, warmup, print_summary, trace=trace, meta=meta)
+    report.patch_dataloader()
+    atexit.register(report.finish)
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+
+        def _on_term(signum: int, frame: Any) -> None:
+            report.finish()
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        signal.signal(signal.SIGTERM, _on_term)
+    return report
+
+
+def install_report_from_env() -> RunReport:
+    """Install the report for `gpemu run`: devices from the torch backend, JSON path from GPEMU_REPORT_JSON."""
+    trace, model = None, os.environ.get("GPEMU_MODEL") or None
+    with contextlib.suppress(ImportError, AttributeError):
+        from gpemu.torch_backend import current_emulation  # type: ignore[attr-defined]
+
+        emulation = current_emulation()
+        trace = getattr(emulation, "trace", None)
+        model = model or getattr(emulation, "model", None)
+    meta = {"model": model}
+    return install_report(json_path=os.environ.get("GPEMU_REPORT_JSON") or None, trace=trace, meta=meta)
+
+
+@contextlib.contextmanager
+def reporting(
+    devices: list[EmulatedGPU], json_path: str | Path | None = None, warmup: int = 1, print_summary: bool = False
+) -> Iterator[RunReport]:
+    """Time DataLoader fetches against `devices` inside the block only (no exit hook); yields the RunReport."""
+    report = RunReport(devices, json_path, warmup, print_summary)
+    report.patch_dataloader()
+    try:
+        yield report
+    finally:
+        report.unpatch_dataloader()
+        report.finish()

@@ -1,0 +1,142 @@
+"""Run-report numbers: per-iteration rows, the summary over steady-state iterations, rich table and JSON file."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from gpemu.report.collector import RunCollector
+
+REPORT_VERSION = 1
+
+# Per-iteration time columns (seconds) and how the table labels them.
+TIME_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("wall_s", "iteration (wall)"),
+    ("data_wait_s", "data wait (host blocked on the loader)"),
+    ("h2d_s", "H2D copy engine busy"),
+    ("gpu_busy_s", "GPU compute busy"),
+    ("gpu_idle_s", "GPU idle"),
+    ("gpu_idle_data_s", "  of which while host waited for data"),
+    ("sync_wait_s", "host blocked on the GPU (syncs)"),
+)
+
+
+def iteration_rows(collector: RunCollector) -> list[dict[str, Any]]:
+    """Return one dict per closed iteration: wall, data wait, H2D, GPU busy/idle (s) and busy / fetch-stall %."""
+    rows: list[dict[str, Any]] = []
+    devices = collector.devices
+    n_dev = max(1, len(devices))
+    origin = collector.iterations[0].start_s if collector.iterations else 0.0
+    for win in collector.iterations:
+        if win.end_s is None:
+            continue
+        t0, t1 = win.start_s, win.end_s
+        wall = t1 - t0
+        fetches = [(max(a, t0), min(b, t1)) for a, b in win.fetches]
+        data_wait = sum(max(0.0, b - a) for a, b in fetches)
+        busy_per_dev, h2d_per_dev, idle_data_per_dev = [], [], []
+        for dev in devices:
+            compute = collector.logs.get((dev.index, "compute"))
+            h2d = collector.logs.get((dev.index, "h2d"))
+            busy = compute.busy_in(t0, t1) if compute else 0.0
+            busy_per_dev.append(busy)
+            h2d_per_dev.append(h2d.busy_in(t0, t1) if h2d else 0.0)
+            busy_in_fetch = compute.busy_in_spans(fetches) if compute else 0.0
+            idle_data_per_dev.append(max(0.0, data_wait - busy_in_fetch))
+        gpu_busy = sum(busy_per_dev) / n_dev
+        row: dict[str, Any] = {
+            "iteration": win.index,
+            "epoch": win.epoch,
+            "start_s": t0 - origin,
+            "wall_s": wall,
+            "data_wait_s": data_wait,
+            "h2d_s": sum(h2d_per_dev) / n_dev,
+            "gpu_busy_s": gpu_busy,
+            "gpu_idle_s": max(0.0, wall - gpu_busy),
+            "gpu_idle_data_s": sum(idle_data_per_dev) / n_dev,
+            "sync_wait_s": win.sync_wait_end_s - win.sync_wait_start_s,
+            "h2d_bytes": win.h2d_bytes_end - win.h2d_bytes_start,
+            "gpu_busy_pct": 100.0 * gpu_busy / wall if wall > 0 else 0.0,
+            "fetch_stall_pct": 100.0 * data_wait / wall if wall > 0 else 0.0,
+            "partial": win.partial,
+        }
+        if len(devices) > 1:
+            row["gpu_busy_s_per_device"] = busy_per_dev
+        rows.append(row)
+    return rows
+
+
+def summarize(rows: list[dict[str, Any]], warmup: int = 1) -> dict[str, Any]:
+    """Return means/medians over steady-state rows: the first `warmup` and partial iterations are left out."""
+    steady = [r for r in rows[warmup:] if not r["partial"]]
+    note = f"first {warmup} iteration(s) skipped as warm-up"
+    if any(r["partial"] for r in rows[warmup:]):
+        note += "; partial last iteration excluded"
+    if not steady:  # too short a run: use what there is, and say so
+        steady = [r for r in rows if not r["partial"]] or rows
+        note = "run too short to skip warm-up: all iterations used"
+    out: dict[str, Any] = {"iterations_total": len(rows), "iterations_used": len(steady), "note": note}
+    if not steady:
+        return out
+    for key, _ in TIME_COLUMNS:
+        values = [float(r[key]) for r in steady]
+        out[key] = {"mean": statistics.fmean(values), "median": statistics.median(values), "total": sum(values)}
+    wall_total = out["wall_s"]["total"]
+    out["gpu_busy_pct"] = 100.0 * out["gpu_busy_s"]["total"] / wall_total if wall_total > 0 else 0.0
+    out["fetch_stall_pct"] = 100.0 * out["data_wait_s"]["total"] / wall_total if wall_total > 0 else 0.0
+    return out
+
+
+def report_dict(collector: RunCollector, warmup: int = 1, meta: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Return the whole report (header, every iteration, summary) as a JSON-serialisable dict."""
+    rows = iteration_rows(collector)
+    devices = collector.devices
+    return {
+        "version": REPORT_VERSION,
+        "gpu": devices[0].spec.key if devices else None,
+        "device_count": len(devices),
+        "warmup_iterations": warmup,
+        **(meta or {}),
+        "iterations": rows,
+        "summary": summarize(rows, warmup),
+    }
+
+
+def write_json(report: dict[str, Any], path: str | Path) -> Path:
+    """Write the report atomically (temp file + rename) and return the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(report, indent=1), encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def render(report: dict[str, Any], console: Console | None = None, title: str = "gpemu run report") -> None:
+    """Print the summary table (ms per iteration and share of wall time) with rich."""
+    console = console or Console(stderr=True)
+    summary = report["summary"]
+    if "wall_s" not in summary:
+        console.print(f"[bold]{title}[/]: no iterations recorded (no DataLoader batches were fetched).")
+        return
+    gpu = report.get("gpu") or "?"
+    count = report.get("device_count", 1)
+    table = Table(title=f"{title}: {count} x {gpu}, {summary['iterations_used']} of "
+                  f"{summary['iterations_total']} iterations ({summary['note']})")
+    table.add_column("per iteration")
+    table.add_column("mean ms", justify="right")
+    table.add_column("median ms", justify="right")
+    table.add_column("% of wall", justify="right")
+    wall_total = summary["wall_s"]["total"] or 1.0
+    for key, label in TIME_COLUMNS:
+        stats = summary[key]
+        table.add_row(label, f"{stats['mean'] * 1e3:.2f}", f"{stats['median'] * 1e3:.2f}",
+                      f"{100.0 * stats['total'] / wall_total:.1f}")
+    console.print(table)
+    console.print(f"GPU busy {summary['gpu_busy_pct']:.1f}%   fetch stall {summary['fetch_stall_pct']:.1f}%")

@@ -1,0 +1,239 @@
+"""Emulated torch.cuda API objects: Stream, Event, device properties, device/stream context managers, memory stats."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from gpemu.device import Event as TimelineEvent
+from gpemu.device import Stream as TimelineStream
+from gpemu.torch_backend import state
+
+
+def device_index(device: Any = None, optional: bool = True) -> int:
+    """Return the emulated device index for a torch.cuda-style device argument (None, int, str, torch.device)."""
+    emu = state.require()
+    if device is None:
+        return emu.current_device()
+    if isinstance(device, Stream):
+        return device.device_index
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device):
+        if device.type not in ("cuda", "meta"):
+            raise ValueError(f"Expected a cuda device, but got: {device}")
+        return emu.check_index(device.index) if device.index is not None else emu.current_device()
+    return emu.check_index(int(device))
+
+
+class Stream:
+    """torch.cuda.Stream on an emulated GPU (wraps a timeline Stream)."""
+
+    def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
+        emu = state.require()
+        index = device_index(device)
+        self._stream: TimelineStream = kwargs.get("_timeline") or emu.devices[index].new_stream(priority)
+        self.device_index = index
+        self.priority = priority
+
+    @classmethod
+    def _of(cls, timeline: TimelineStream) -> Stream:
+        return cls(timeline.device.index, timeline.priority, _timeline=timeline)
+
+    @property
+    def device(self) -> torch.device:
+        """Return the stream's device."""
+        return torch.device("cuda", self.device_index)
+
+    @property
+    def cuda_stream(self) -> int:
+        """Return a stable integer id (stands in for the cudaStream_t)."""
+        return self._stream.stream_id
+
+    @property
+    def stream_id(self) -> int:
+        """Return the stream id."""
+        return self._stream.stream_id
+
+    def query(self) -> bool:
+        """Return True when all queued work has finished."""
+        return self._stream.query()
+
+    def is_capturing(self) -> bool:
+        """Return False: CUDA graph capture is not emulated."""
+        return False
+
+    def synchronize(self) -> None:
+        """Block the host until the stream is idle."""
+        self._stream.synchronize()
+
+    def wait_event(self, event: Event) -> None:
+        """Make later work on this stream wait for `event`."""
+        self._stream.wait_event(event._event)
+
+    def wait_stream(self, stream: Stream) -> None:
+        """Make later work on this stream wait for all work queued on `stream`."""
+        self._stream.wait_stream(stream._stream)
+
+    def record_event(self, event: Event | None = None) -> Event:
+        """Record `event` (or a new one) on this stream and return it."""
+        event = event or Event()
+        event.record(self)
+        return event
+
+    def __enter__(self) -> Stream:
+        self._prev = current_stream(self.device_index)
+        state.require().set_stream(self._stream)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        state.require().set_stream(self._prev._stream)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Stream) and other._stream is self._stream
+
+    def __hash__(self) -> int:
+        return hash((self.device_index, self._stream.stream_id))
+
+    def __repr__(self) -> str:
+        return f"<torch.cuda.Stream device=cuda:{self.device_index} cuda_stream={self.cuda_stream:#x} (emulated)>"
+
+
+class Event:
+    """torch.cuda.Event on an emulated GPU (elapsed_time in milliseconds of emulated GPU time)."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
+        self._event = TimelineEvent(enable_timing=enable_timing)
+        self.enable_timing = enable_timing
+
+    def record(self, stream: Stream | None = None) -> None:
+        """Record the event at the tail of `stream` (default: the current stream)."""
+        stream = stream or current_stream()
+        self._event.record(stream._stream)
+
+    def wait(self, stream: Stream | None = None) -> None:
+        """Make `stream` (default: current) wait for this event."""
+        (stream or current_stream()).wait_event(self)
+
+    def query(self) -> bool:
+        """Return True when the event has completed."""
+        return self._event.query()
+
+    def synchronize(self) -> None:
+        """Block the host until the event has completed."""
+        self._event.synchronize()
+
+    def elapsed_time(self, end_event: Event) -> float:
+        """Return milliseconds between this event and `end_event`."""
+        return self._event.elapsed_time(end_event._event)
+
+    def __repr__(self) -> str:
+        return "<torch.cuda.Event (emulated)>"
+
+
+def current_stream(device: Any = None) -> Stream:
+    """Return the current emulated stream of `device`."""
+    return Stream._of(state.require().current_stream(device_index(device)))
+
+
+def default_stream(device: Any = None) -> Stream:
+    """Return the default emulated stream of `device`."""
+    return Stream._of(state.require().devices[device_index(device)].default_stream)
+
+
+def set_stream(stream: Stream) -> None:
+    """Make `stream` current on its device."""
+    state.require().set_stream(stream._stream)
+
+
+class StreamContext:
+    """torch.cuda.stream(s): make `s` current inside the block (None: no-op)."""
+
+    def __init__(self, stream: Stream | None) -> None:
+        self.stream = stream
+
+    def __enter__(self) -> Stream | None:
+        if self.stream is not None:
+            self.stream.__enter__()
+        return self.stream
+
+    def __exit__(self, *exc: object) -> None:
+        if self.stream is not None:
+            self.stream.__exit__(*exc)
+
+
+class DeviceContext:
+    """torch.cuda.device(d): make `d` the current device inside the block."""
+
+    def __init__(self, device: Any) -> None:
+        self.index = -1 if device is None or (isinstance(device, int) and device < 0) else device_index(device)
+
+    def __enter__(self) -> None:
+        emu = state.require()
+        self.prev = emu.current_device()
+        if self.index >= 0:
+            emu.set_device(self.index)
+
+    def __exit__(self, *exc: object) -> None:
+        state.require().set_device(self.prev)
+
+
+@dataclass(frozen=True)
+class DeviceProperties:
+    """What torch.cuda.get_device_properties returns (the fields scripts read)."""
+
+    name: str
+    major: int
+    minor: int
+    total_memory: int
+    multi_processor_count: int
+    L2_cache_size: int
+    is_integrated: int = 0
+    is_multi_gpu_board: int = 0
+    uuid: str = ""
+    gcnArchName: str = "NVIDIA CUDA"
+    warp_size: int = 32
+    max_threads_per_multi_processor: int = 2048
+
+    def __repr__(self) -> str:
+        return (
+            f"_CudaDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, total_memory="
+            f"{self.total_memory // 1024**2}MB, multi_processor_count={self.multi_processor_count}) (emulated)"
+        )
+
+
+def get_device_properties(device: Any = None) -> DeviceProperties:
+    """Return the emulated device's properties."""
+    gpu = state.require().devices[device_index(device)]
+    spec = gpu.spec
+    return DeviceProperties(
+        name=spec.name,
+        major=spec.compute_capability[0],
+        minor=spec.compute_capability[1],
+        total_memory=gpu.memory_limit_bytes,
+        multi_processor_count=spec.sm_count,
+        L2_cache_size=int(spec.l2_cache_mib * 1024**2),
+        uuid=f"GPU-gpemu-{gpu.index:04d}",
+    )
+
+
+def memory_stats(device: Any = None) -> dict[str, Any]:
+    """Return torch.cuda.memory_stats-style counters from the emulated allocator."""
+    alloc = state.require().devices[device_index(device)].allocator
+    return {
+        "allocated_bytes.all.current": alloc.memory_allocated(),
+        "allocated_bytes.all.peak": alloc.max_memory_allocated(),
+        "reserved_bytes.all.current": alloc.memory_reserved(),
+        "reserved_bytes.all.peak": alloc.max_memory_reserved(),
+        "active_bytes.all.current": alloc.memory_allocated(),
+        "active_bytes.all.peak": alloc.max_memory_allocated(),
+        "num_ooms": 0,
+    }
+
+
+def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
+    """Return a short text summary of emulated memory use."""
+    stats = memory_stats(device)
+    return "\n".join(f"{k}: {v / 1024**2:.1f} MiB" for k, v in stats.items() if k.endswith(("current", "peak")))

@@ -1,0 +1,122 @@
+"""install() / uninstall(): make emulated GPUs the `cuda:N` devices of an unmodified PyTorch program."""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import os
+import re
+
+import torch
+
+from gpemu.device import EmulatedGPU, TraceRecorder
+from gpemu.errors import GpemuError
+from gpemu.hardware import get_gpu
+from gpemu.torch_backend import state
+from gpemu.torch_backend.patches import Patcher, apply
+from gpemu.torch_backend.phases import PhaseLookup, PhaseTracker, model_from_env
+from gpemu.torch_backend.state import Emulation, ValueHook
+
+_patcher: Patcher | None = None
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(text: str) -> int:
+    """Return a byte count from "12345", "10GiB", "512 MiB" or "16GB"."""
+    m = re.fullmatch(r"\s*([0-9.]+)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise GpemuError(f"cannot read memory size {text!r}: use bytes or a unit like 10GiB, 512MiB, 16GB")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def install(
+    gpu: str = "v100",
+    count: int = 1,
+    model: str | None = None,
+    memory_limit_bytes: int | None = None,
+    trace: TraceRecorder | None = None,
+    *,
+    profile_lookup: PhaseLookup | None = None,
+    value_hook: ValueHook | None = None,
+    nonzero_fraction: float | None = None,
+) -> Emulation:
+    """Patch torch so `cuda:0..count-1` are emulated `gpu`s; return the Emulation (devices, stats, trace)."""
+    global _patcher
+    if state.current_emulation() is not None:
+        uninstall()
+    spec = get_gpu(gpu)
+    if count < 1:
+        raise GpemuError(f"count must be >= 1 (got {count})")
+    devices = [EmulatedGPU(spec, i, trace=trace, memory_limit_bytes=memory_limit_bytes) for i in range(count)]
+    if nonzero_fraction is None:
+        nonzero_fraction = float(os.environ.get("GPEMU_NONZERO_FRACTION", "1.0"))
+    emu = Emulation(devices, trace=trace, model=model, value_hook=value_hook, nonzero_fraction=nonzero_fraction)
+    emu.phases = PhaseTracker(spec.key, model, profile_lookup)
+    state._set_current(emu)
+    _patcher = Patcher()
+    apply(emu, _patcher)
+    _patch_autocast(_patcher, emu)
+    emu.phases.install()
+    emu.phases.warm()
+    gc.collect()
+    gc.freeze()  # See Note [Host overhead]: keep the collector from rescanning torch's long-lived objects
+    return emu
+
+
+def uninstall() -> None:
+    """Restore every patched torch attribute and drop the emulation (emulated tensors become unusable)."""
+    global _patcher
+    emu = state.current_emulation()
+    if emu is not None and emu.phases is not None:
+        emu.phases.uninstall()
+    if _patcher is not None:
+        _patcher.restore()
+        _patcher = None
+    state._set_current(None)
+    gc.unfreeze()
+
+
+def current_emulation() -> Emulation | None:
+    """Return the installed Emulation, or None."""
+    return state.current_emulation()
+
+
+def set_value_hook(fn: ValueHook | None) -> None:
+    """Set the function that supplies values for `.item()`/`.cpu()` (fn(shape, dtype, reason) -> value or None)."""
+    state.require().value_hook = fn
+
+
+def install_from_env() -> Emulation:
+    """Install from GPEMU_GPU, GPEMU_COUNT, GPEMU_MODEL, GPEMU_MEMORY_LIMIT and GPEMU_TRACE (written at exit)."""
+    limit = os.environ.get("GPEMU_MEMORY_LIMIT")
+    trace_path = os.environ.get("GPEMU_TRACE")
+    trace = TraceRecorder() if trace_path else None
+    emu = install(
+        gpu=os.environ.get("GPEMU_GPU", "v100"),
+        count=int(os.environ.get("GPEMU_COUNT", "1")),
+        model=model_from_env(),
+        memory_limit_bytes=parse_bytes(limit) if limit else None,
+        trace=trace,
+    )
+    if trace is not None and trace_path:
+        atexit.register(trace.write, trace_path)
+    return emu
+
+
+def _patch_autocast(patcher: Patcher, emu: Emulation) -> None:
+    """Mark autocast("cuda") use so dtype emulation switches on (see Note [Autocast on meta])."""
+    orig_enter, orig_exit = torch.autocast.__enter__, torch.autocast.__exit__
+
+    def __enter__(self: torch.autocast) -> None:
+        if self.device == "cuda":
+            emu.autocast_seen = emu.autocast_seen or bool(self._enabled)
+            emu.autocast_stack().append(self.fast_dtype if self._enabled else None)
+        return orig_enter(self)
+
+    def __exit__(self: torch.autocast, *exc: object) -> None:
+        if self.device == "cuda" and emu.autocast_stack():
+            emu.autocast_stack().pop()
+        return orig_exit(self, *exc)  # type: ignore[arg-type]
+
+    patcher.set(torch.autocast, "__enter__", __enter__)
+    patcher.set(torch.autocast, "__exit__", __exit__)

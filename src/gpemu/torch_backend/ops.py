@@ -1,0 +1,271 @@
+"""Special aten ops on emulated tensors: copies between host and device, values (.item), data-dependent shapes."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from gpemu.errors import UnsupportedOpError
+from gpemu.torch_backend import state
+from gpemu.torch_backend.tensor import (
+    META,
+    EmuTensor,
+    call_meta,
+    charge,
+    op_cost_s,
+    run_op,
+    to_meta,
+    unwrap_all,
+    wrap,
+    wrap_outputs,
+)
+
+aten = torch.ops.aten
+SPECIAL: dict[Any, Callable[[Any, Any, Any], Any]] = {}
+
+
+def _special(*ops: Any) -> Callable[[Callable[[Any, Any, Any], Any]], Callable[[Any, Any, Any], Any]]:
+    def deco(fn: Callable[[Any, Any, Any], Any]) -> Callable[[Any, Any, Any], Any]:
+        for op in ops:
+            SPECIAL[op] = fn
+        return fn
+
+    return deco
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+# ---- values --------------------------------------------------------------------------------------------------
+
+
+def host_value(shape: tuple[int, ...], dtype: torch.dtype, reason: str) -> torch.Tensor:
+    """Return the CPU tensor a D2H copy yields: the value hook's answer, or zeros."""
+    emu = state.current_emulation()
+    hook = emu.value_hook if emu is not None else None
+    if hook is not None:
+        value = hook(shape, dtype, reason)
+        if value is not None:
+            t = torch.as_tensor(value, dtype=dtype)
+            return t.expand(shape).clone() if t.shape != shape else t.clone()
+    return torch.zeros(shape, dtype=dtype)
+
+
+# ---- transfers -----------------------------------------------------------------------------------------------
+
+
+def is_pinned_host(t: torch.Tensor) -> bool:
+    """Return True when a CPU tensor counts as pinned (really pinned, or pinned by gpemu)."""
+    from gpemu.torch_backend.pinned import is_pinned
+
+    return is_pinned(t)
+
+
+def host_to_device(src: torch.Tensor, index: int, non_blocking: bool = False, dtype: torch.dtype | None = None) -> EmuTensor:
+    """Copy a CPU tensor to emulated device `index` (copy engine; pageable or blocking copies block the host)."""
+    emu = state.require()
+    device = emu.devices[index]
+    pinned = is_pinned_host(src)
+    nbytes = _nbytes(src)
+    bw_gbps = device.spec.h2d_pinned_gbps if pinned else device.spec.h2d_pageable_gbps
+    meta = torch.empty_strided(src.shape, src.stride(), dtype=src.dtype, device=META) if src.is_contiguous() else (
+        torch.empty(src.shape, dtype=src.dtype, device=META)
+    )
+    out = wrap(meta, index, tag="h2d")
+    work = emu.current_stream(index).enqueue(
+        nbytes / (bw_gbps * 1e9), "memcpy HtoD", "h2d", "h2d", {"bytes": nbytes, "pinned": pinned}
+    )
+    device.stats.h2d_bytes += nbytes
+    if not (pinned and non_blocking):
+        device.host_wait(work.end_s, reason="h2d pageable" if not pinned else "h2d blocking")
+    if dtype is not None and dtype != src.dtype:
+        return run_op(aten._to_copy.default, (out,), {"dtype": dtype})  # type: ignore[no-any-return]
+    return out
+
+
+def device_to_host(t: EmuTensor, reason: str = "d2h", dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Copy an emulated tensor to the host: wait for its stream, charge the copy, return zeros (or hook values)."""
+    emu = state.require()
+    device = emu.devices[t._index]
+    nbytes = _nbytes(t)
+    work = emu.current_stream(t._index).enqueue(
+        nbytes / (device.spec.d2h_pinned_gbps * 1e9), "memcpy DtoH", "d2h", "d2h", {"bytes": nbytes}
+    )
+    device.stats.d2h_bytes += nbytes
+    device.host_wait(work.end_s, reason=reason)
+    out = host_value(tuple(t.shape), t.dtype, reason)
+    return out.to(dtype) if dtype is not None else out
+
+
+def peer_copy(t: EmuTensor, index: int) -> EmuTensor:
+    """Copy an emulated tensor to another emulated device (NVLink when the spec has it, else PCIe)."""
+    emu = state.require()
+    src = emu.devices[t._index]
+    bw_gbps = src.spec.nvlink_gbps or src.spec.h2d_pinned_gbps
+    out = wrap(torch.empty(t.shape, dtype=t.dtype, device=META), index, tag="p2p")
+    emu.current_stream(t._index).enqueue(_nbytes(t) / (bw_gbps * 1e9), "memcpy PtoP", "d2h", "p2p")
+    emu.devices[index].default_stream.wait_stream(emu.current_stream(t._index))
+    return out
+
+
+@_special(aten._to_copy.default)
+def _to_copy(func: Any, args: Any, kwargs: Any) -> Any:
+    x = args[0]
+    device = kwargs.get("device")
+    dtype = kwargs.get("dtype")
+    if isinstance(x, EmuTensor):
+        if device is not None and device.type == "cpu":
+            return device_to_host(x, reason="tensor.cpu()", dtype=dtype)
+        if device is not None and device.type == "cuda" and device.index is not None and device.index != x._index:
+            x = peer_copy(x, device.index)
+            if dtype is None or dtype == x.dtype:
+                return x
+        kwargs = {k: v for k, v in kwargs.items() if k not in ("device", "non_blocking")}
+        return run_op(func, (x, *args[1:]), kwargs)
+    # a CPU source with an emulated device argument cannot reach here (the CPU kernel handles it)
+    return run_op(func, args, kwargs)
+
+
+@_special(aten.copy_.default)
+def _copy_(func: Any, args: Any, kwargs: Any) -> Any:
+    dst, src = args[0], args[1]
+    non_blocking = bool(args[2]) if len(args) > 2 else bool(kwargs.get("non_blocking", False))
+    if isinstance(dst, EmuTensor) and isinstance(src, EmuTensor):
+        if src._index != dst._index:
+            src = peer_copy(src, dst._index)
+        return run_op(func, (dst, src), {})
+    if isinstance(dst, EmuTensor):  # host -> device into an existing tensor
+        if src.dim() == 0 and src.device.type == "cpu":
+            return run_op(aten.fill_.Tensor, (dst, src), {})
+        tmp = host_to_device(src, dst._index, non_blocking)
+        return run_op(func, (dst, tmp), {})
+    # device -> host into an existing CPU tensor
+    value = device_to_host(src, reason="copy_ to host")
+    dst.copy_(value)
+    return dst
+
+
+@_special(aten._local_scalar_dense.default)
+def _item(func: Any, args: Any, kwargs: Any) -> Any:
+    t = args[0]
+    return device_to_host(t, reason="tensor.item()").reshape(()).item()
+
+
+@_special(aten.equal.default)
+def _equal(func: Any, args: Any, kwargs: Any) -> Any:
+    for t in args:
+        if isinstance(t, EmuTensor):
+            device_to_host(t, reason="torch.equal")
+    return args[0].shape == args[1].shape
+
+
+@_special(aten.is_pinned.default)
+def _is_pinned(func: Any, args: Any, kwargs: Any) -> Any:
+    return False
+
+
+@_special(aten.record_stream.default)
+def _record_stream(func: Any, args: Any, kwargs: Any) -> Any:
+    return None
+
+
+# ---- data-dependent shapes -----------------------------------------------------------------------------------
+
+# Note [Data-dependent shapes]: ops whose output size depends on values (nonzero, masked_select, boolean-mask
+# indexing) cannot be shaped from metadata. gpemu assumes a fraction `nonzero_fraction` (default 1.0: the worst case,
+# so memory is never under-estimated) of the elements are selected; set it with install(nonzero_fraction=...) or
+# GPEMU_NONZERO_FRACTION. A real GPU also synchronises the host for these ops (the size must reach the host), so
+# they wait for the stream. `unique` and friends have no sensible fraction and raise UnsupportedOpError.
+
+
+def _selected(numel: int) -> int:
+    emu = state.require()
+    return min(numel, math.ceil(numel * emu.nonzero_fraction))
+
+
+def _sync(index: int, reason: str) -> None:
+    emu = state.require()
+    stream = emu.current_stream(index)
+    emu.devices[index].host_wait(stream.t_done, reason=reason)
+
+
+@_special(aten.nonzero.default)
+def _nonzero(func: Any, args: Any, kwargs: Any) -> Any:
+    x = args[0]
+    meta = torch.empty((_selected(x.numel()), x.dim()), dtype=torch.long, device=META)
+    charge(x._index, func, op_cost_s(aten.abs.default, (to_meta(x),), {}, meta, x._index))
+    _sync(x._index, "nonzero (data-dependent size)")
+    return wrap(meta, x._index, tag="nonzero")
+
+
+@_special(aten.masked_select.default)
+def _masked_select(func: Any, args: Any, kwargs: Any) -> Any:
+    x, mask = args[0], args[1]
+    n = torch.broadcast_shapes(x.shape, mask.shape).numel()
+    index = x._index if isinstance(x, EmuTensor) else mask._index
+    meta = torch.empty((_selected(n),), dtype=x.dtype, device=META)
+    charge(index, func, op_cost_s(aten.abs.default, (to_meta(x),), {}, meta, index))
+    _sync(index, "masked_select (data-dependent size)")
+    return wrap(meta, index, tag="masked_select")
+
+
+def _bool_index(func: Any, args: Any, kwargs: Any) -> Any:
+    x, indices = args[0], list(args[1])
+    if not any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices):
+        return run_op(func, args, kwargs)
+    # replace each boolean mask by long indices of the assumed count (as torch does via nonzero)
+    new: list[Any] = []
+    for i in indices:
+        if isinstance(i, torch.Tensor) and i.dtype == torch.bool:
+            k = _selected(i.numel())
+            new.extend(torch.empty((k,), dtype=torch.long, device=META) for _ in range(i.dim()))
+        else:
+            new.append(i)
+    index = x._index if isinstance(x, EmuTensor) else state.require().current_device()
+    _sync(index, "boolean-mask indexing (data-dependent size)")
+    if func is aten.index.Tensor:
+        return run_op(func, (x, new), kwargs)
+    return run_op(func, (x, new, *args[2:]), kwargs)
+
+
+SPECIAL[aten.index.Tensor] = _bool_index
+SPECIAL[aten.index_put_.default] = _bool_index
+SPECIAL[aten.index_put.default] = _bool_index
+
+
+def _unsupported_unique(func: Any, args: Any, kwargs: Any) -> Any:
+    raise UnsupportedOpError(
+        f"gpemu cannot emulate aten op {func}: its output size depends on tensor values, which are not computed. "
+        "Workaround: compute it on CPU (`t.cpu().unique()`), or pass sizes known in advance."
+    )
+
+
+for _op in (aten._unique2.default, aten.unique_dim.default, aten.unique_consecutive.default, aten._unique.default):
+    SPECIAL[_op] = _unsupported_unique
+
+
+def _inplace_noop(func: Any, args: Any, kwargs: Any) -> Any:
+    """Ops with no meta kernel that only update tensors in place (AMP bookkeeping): charge a tiny kernel."""
+    _uargs, _ukwargs, index, wrappers = unwrap_all(args, kwargs)
+    charge(index, func, 2e-6)
+    return wrap_outputs(args[0], index, wrappers, func) if isinstance(args[0], torch.Tensor) else None
+
+
+def _amp_update_scale(func: Any, args: Any, kwargs: Any) -> Any:
+    _uargs, _ukwargs, index, _wrappers = unwrap_all(args, kwargs)
+    charge(index, func, 2e-6)
+    return args[0]
+
+
+SPECIAL[aten._amp_foreach_non_finite_check_and_unscale_.default] = _inplace_noop
+SPECIAL[aten._amp_update_scale_.default] = _amp_update_scale
+
+
+def unwrap_meta_call(func: Any, args: Any, kwargs: Any) -> Any:
+    """Run `func` on the meta view of its arguments (no charge, no wrapping): for shape-only questions."""
+    uargs, ukwargs, _, _ = unwrap_all(args, kwargs)
+    return call_meta(func, uargs, ukwargs)

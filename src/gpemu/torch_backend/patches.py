@@ -1,0 +1,317 @@
+"""The torch patches: torch.cuda.*, torch.accelerator.*, Tensor.to/cuda/pin_memory, factories with device='cuda'.
+
+Every change goes through a Patcher that remembers the original attribute, so uninstall() restores torch exactly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from gpemu.torch_backend import cuda_api, state
+from gpemu.torch_backend.ops import device_to_host, host_to_device, peer_copy
+from gpemu.torch_backend.pinned import is_pinned, pin
+from gpemu.torch_backend.tensor import META, EmuTensor, charge, wrap
+
+_MISSING = object()
+
+
+class Patcher:
+    """Sets attributes and remembers the originals."""
+
+    def __init__(self) -> None:
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    def set(self, obj: Any, name: str, value: Any) -> None:
+        """Replace `obj.name` with `value` (remembering the original)."""
+        self._saved.append((obj, name, obj.__dict__.get(name, _MISSING) if hasattr(obj, "__dict__") else _MISSING))
+        setattr(obj, name, value)
+
+    def restore(self) -> None:
+        """Put every original back, newest first."""
+        for obj, name, value in reversed(self._saved):
+            if value is _MISSING:
+                with contextlib.suppress(AttributeError):
+                    delattr(obj, name)
+            else:
+                setattr(obj, name, value)
+        self._saved.clear()
+
+
+def _cuda_index(device: Any) -> int | None:
+    """Return the emulated index when `device` names a CUDA device, else None."""
+    if device is None:
+        return None
+    if isinstance(device, int):
+        return state.require().check_index(device)
+    if isinstance(device, str):
+        if not device.startswith("cuda"):
+            return None
+        device = torch.device(device)
+    if isinstance(device, torch.device) and device.type == "cuda":
+        emu = state.require()
+        return emu.check_index(device.index) if device.index is not None else emu.current_device()
+    return None
+
+
+# ---- Tensor methods ------------------------------------------------------------------------------------------
+
+
+def _patched_to(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def to(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if args and isinstance(args[0], EmuTensor):  # tensor.to(other)
+            other = args[0]
+            kwargs.setdefault("dtype", other.dtype)
+            args = (other.device, *args[1:])
+        copy = bool(kwargs.pop("copy", False))
+        device, dtype, non_blocking, _fmt = torch._C._nn._parse_to(*args, **kwargs)
+        index = _cuda_index(device)
+        if isinstance(self, EmuTensor):
+            if device is not None and device.type == "cpu":
+                return device_to_host(self, reason="tensor.to(cpu)", dtype=dtype)
+            out: torch.Tensor = self
+            if index is not None and index != self._index:
+                out = peer_copy(self, index)
+            if dtype is not None and dtype != out.dtype:
+                return orig(out, dtype=dtype)
+            return orig(out, dtype=out.dtype, copy=True) if copy and out is self else out
+        if index is None:
+            return orig(self, *args, copy=copy, **kwargs) if copy else orig(self, *args, **kwargs)
+        out = host_to_device(self, index, non_blocking, dtype)
+        if self.requires_grad and torch.is_grad_enabled():
+            out.requires_grad_(True)
+        return out
+
+    return to
+
+
+def _patched_cuda(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def cuda(self: torch.Tensor, device: Any = None, non_blocking: bool = False, **kwargs: Any) -> Any:
+        index = cuda_api.device_index(device)
+        if isinstance(self, EmuTensor):
+            return self if index == self._index else peer_copy(self, index)
+        return host_to_device(self, index, non_blocking)
+
+    return cuda
+
+
+def _patched_pin_memory(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def pin_memory(self: torch.Tensor, device: Any = None) -> torch.Tensor:
+        if isinstance(self, EmuTensor):
+            raise RuntimeError("cannot pin 'torch.cuda.FloatTensor' only dense CPU tensors can be pinned")
+        return self if is_pinned(self) else pin(self)
+
+    return pin_memory
+
+
+def _patched_is_pinned(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def is_pinned_(self: torch.Tensor, device: Any = None) -> bool:
+        return False if isinstance(self, EmuTensor) else is_pinned(self)
+
+    return is_pinned_
+
+
+def _patched_tolist(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def tolist(self: torch.Tensor) -> Any:
+        if isinstance(self, EmuTensor):
+            return device_to_host(self, reason="tensor.tolist()").tolist()
+        return orig(self)
+
+    return tolist
+
+
+def _patched_numpy(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def numpy(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(self, EmuTensor):
+            raise TypeError(
+                f"can't convert cuda:{self._index} device type tensor to numpy. Use Tensor.cpu() to copy the tensor "
+                "to host memory first."
+            )
+        return orig(self, *args, **kwargs)
+
+    return numpy
+
+
+def _patched_record_stream(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def record_stream(self: torch.Tensor, stream: Any) -> None:
+        if not isinstance(self, EmuTensor):
+            orig(self, stream)
+
+    return record_stream
+
+
+# ---- factories -----------------------------------------------------------------------------------------------
+
+_FILL_FACTORIES = ("zeros", "ones", "full", "rand", "randn", "randint", "arange", "eye", "linspace", "logspace",
+                   "randperm", "scalar_tensor", "normal", "zeros_like", "ones_like", "full_like", "rand_like",
+                   "randn_like", "randint_like")
+_EMPTY_FACTORIES = ("empty", "empty_strided", "empty_like")
+_HOST_FACTORIES = ("tensor", "as_tensor")
+
+
+def _patched_factory(name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
+    kind = "host" if name in _HOST_FACTORIES else ("empty" if name in _EMPTY_FACTORIES else "fill")
+
+    @functools.wraps(orig)
+    def factory(*args: Any, **kwargs: Any) -> Any:
+        index = _cuda_index(kwargs.get("device"))
+        if index is None:
+            return orig(*args, **kwargs)
+        requires_grad = bool(kwargs.pop("requires_grad", False))
+        kwargs.pop("pin_memory", None)
+        if kind == "host":
+            if args and isinstance(args[0], EmuTensor):
+                out = args[0].to(kwargs.get("device"), dtype=kwargs.get("dtype"))
+            else:
+                kwargs["device"] = "cpu"
+                out = host_to_device(orig(*args, **kwargs), index)
+        else:
+            kwargs["device"] = META
+            if args and isinstance(args[0], EmuTensor):  # *_like(emulated, device=...)
+                args = (args[0]._elem, *args[1:])
+            meta = orig(*args, **kwargs)
+            out = wrap(meta, index, tag=f"torch.{name}")
+            if kind == "fill":
+                nbytes = meta.numel() * meta.element_size()
+                charge(index, f"{name} (fill)", nbytes / state.require().devices[index].spec.memory_bw_bytes_per_s)
+        if requires_grad:
+            out.requires_grad_(True)
+        return out
+
+    return factory
+
+
+# ---- torch.cuda / torch.accelerator --------------------------------------------------------------------------
+
+
+def _synchronize(device: Any = None) -> None:
+    state.require().devices[cuda_api.device_index(device)].synchronize()
+
+
+def _mem(method: str) -> Callable[..., Any]:
+    def fn(device: Any = None) -> Any:
+        return getattr(state.require().devices[cuda_api.device_index(device)].allocator, method)()
+
+    fn.__name__ = method
+    fn.__doc__ = f"Return the emulated allocator's {method}()."
+    return fn
+
+
+def _rng_state(device: Any = None) -> torch.Tensor:
+    return torch.zeros(16, dtype=torch.uint8)
+
+
+def cuda_functions(emu: state.Emulation) -> dict[str, Any]:
+    """Return the torch.cuda attributes gpemu replaces, by name."""
+    count = len(emu.devices)
+    spec = emu.devices[0].spec
+    return {
+        "is_available": lambda: True,
+        "device_count": lambda: count,
+        "current_device": emu.current_device,
+        "set_device": lambda device: emu.set_device(cuda_api.device_index(device)),
+        "device": cuda_api.DeviceContext,
+        "get_device_name": lambda device=None: emu.devices[cuda_api.device_index(device)].spec.name,
+        "get_device_properties": cuda_api.get_device_properties,
+        "get_device_capability": lambda device=None: emu.devices[cuda_api.device_index(device)].spec.compute_capability,
+        "get_arch_list": lambda: [f"sm_{spec.compute_capability[0]}{spec.compute_capability[1]}"],
+        "is_bf16_supported": lambda including_emulation=True: spec.compute_capability[0] >= 8,
+        "synchronize": _synchronize,
+        "Stream": cuda_api.Stream,
+        "Event": cuda_api.Event,
+        "current_stream": cuda_api.current_stream,
+        "default_stream": cuda_api.default_stream,
+        "set_stream": cuda_api.set_stream,
+        "stream": cuda_api.StreamContext,
+        "manual_seed": lambda seed: None,
+        "manual_seed_all": lambda seed: None,
+        "seed": lambda: None,
+        "seed_all": lambda: None,
+        "initial_seed": lambda: 0,
+        "get_rng_state": _rng_state,
+        "set_rng_state": lambda new_state, device=None: None,
+        "get_rng_state_all": lambda: [_rng_state() for _ in range(count)],
+        "set_rng_state_all": lambda new_states: None,
+        "is_initialized": lambda: True,
+        "is_current_stream_capturing": lambda: False,
+        "init": lambda: None,
+        "_lazy_init": lambda: None,
+        "memory_allocated": _mem("memory_allocated"),
+        "max_memory_allocated": _mem("max_memory_allocated"),
+        "memory_reserved": _mem("memory_reserved"),
+        "max_memory_reserved": _mem("max_memory_reserved"),
+        "memory_cached": _mem("memory_reserved"),
+        "reset_peak_memory_stats": _mem("reset_peak_memory_stats"),
+        "reset_max_memory_allocated": _mem("reset_peak_memory_stats"),
+        "empty_cache": lambda: [d.allocator.empty_cache() for d in emu.devices] and None,
+        "mem_get_info": _mem("mem_get_info"),
+        "memory_stats": cuda_api.memory_stats,
+        "memory_summary": cuda_api.memory_summary,
+    }
+
+
+def accelerator_functions(emu: state.Emulation) -> dict[str, Any]:
+    """Return the torch.accelerator attributes gpemu replaces, by name."""
+    return {
+        "is_available": lambda: True,
+        "current_accelerator": lambda check_available=False: torch.device("cuda"),
+        "device_count": lambda: len(emu.devices),
+        "current_device_index": emu.current_device,
+        "current_device_idx": emu.current_device,
+        "set_device_index": lambda device: emu.set_device(cuda_api.device_index(device)),
+        "set_device_idx": lambda device: emu.set_device(cuda_api.device_index(device)),
+        "synchronize": _synchronize,
+        "current_stream": cuda_api.current_stream,
+        "set_stream": cuda_api.set_stream,
+        "device_index": cuda_api.DeviceContext,
+        "empty_cache": lambda: [d.allocator.empty_cache() for d in emu.devices] and None,
+        "memory_allocated": _mem("memory_allocated"),
+        "max_memory_allocated": _mem("max_memory_allocated"),
+        "memory_reserved": _mem("memory_reserved"),
+        "max_memory_reserved": _mem("max_memory_reserved"),
+        "reset_peak_memory_stats": _mem("reset_peak_memory_stats"),
+    }
+
+
+def apply(emu: state.Emulation, patcher: Patcher) -> None:
+    """Install every torch patch for `emu` through `patcher`."""
+    for name, fn in cuda_functions(emu).items():
+        patcher.set(torch.cuda, name, fn)
+    import torch.cuda.memory as cuda_memory
+
+    for name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
+                 "reset_peak_memory_stats", "empty_cache", "mem_get_info", "memory_stats"):
+        if hasattr(cuda_memory, name):
+            patcher.set(cuda_memory, name, getattr(torch.cuda, name))
+    if hasattr(torch, "accelerator"):
+        for name, fn in accelerator_functions(emu).items():
+            if hasattr(torch.accelerator, name):
+                patcher.set(torch.accelerator, name, fn)
+    T = torch.Tensor
+    for name, make in (("to", _patched_to), ("cuda", _patched_cuda), ("pin_memory", _patched_pin_memory),
+                       ("is_pinned", _patched_is_pinned), ("tolist", _patched_tolist), ("numpy", _patched_numpy),
+                       ("record_stream", _patched_record_stream)):
+        patcher.set(T, name, make(getattr(T, name)))
+    for name in _FILL_FACTORIES + _EMPTY_FACTORIES + _HOST_FACTORIES:
+        if hasattr(torch, name):
+            patcher.set(torch, name, _patched_factory(name, getattr(torch, name)))
+    # optimizers pick their foreach (multi-tensor) path only for these exact types; see Note [Foreach on emulated]
+    import torch.optim.optimizer as optim_mod
+
+    if hasattr(optim_mod, "_foreach_supported_types"):
+        patcher.set(optim_mod, "_foreach_supported_types", [*optim_mod._foreach_supported_types, EmuTensor])
+    import torch.utils._foreach_utils as fu
+
+    if hasattr(fu, "_foreach_supported_types"):
+        patcher.set(fu, "_foreach_supported_types", [*fu._foreach_supported_types, EmuTensor])

@@ -1,0 +1,249 @@
+"""Training phases and profile calibration: forward / backward(+optimizer) detection, model identification.
+
+Note [Phase calibration]: a global module forward hook sees when the top module (the first module called with an
+emulated tensor) starts and ends its forward. Ops inside it are the "forward" phase; ops after it until the next
+forward are the GPEmu "backward" phase (loss + zero_grad + backward + optimizer.step). When the profile database
+has (gpu, workload, phase, batch size, dtype), each op's predicted cost is multiplied by
+profile_phase_s / predicted_phase_s, where predicted_phase_s is the sum of the same phase's predictions in the
+previous step with the same (workload, batch size, dtype). So the first step runs on predictions and every step
+after it sums to the profile, with the shape of the per-op predictions. Trace args say which ("calibrated" with
+its scale, or "predicted").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gpemu.torch_backend import state
+
+PhaseLookup = Callable[[str, str, str, int, str], "float | None"]
+
+_PREDICTED_ARGS: dict[str, object] = {"timing": "predicted"}
+_CACHE_MAX = 4096
+
+
+def default_lookup(gpu_key: str, workload: str, phase: str, batch_size: int, dtype: str) -> float | None:
+    """Return the profiled seconds of one phase from gpemu's ProfileDB, or None (also when it is unavailable)."""
+    try:
+        from gpemu.profiles import ProfileDB  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    try:
+        est = ProfileDB.default().lookup(gpu_key, workload, phase, batch_size, dtype)
+    except Exception:  # unknown workload/gpu or an unreadable DB: fall back to per-op predictions
+        return None
+    if est is None or not getattr(est, "ok", False):
+        return None
+    return float(est.value)
+
+
+# ---- model identification ------------------------------------------------------------------------------------
+
+_TV_PREFIX = {"resnet": ("resnet", "resnext", "wide_resnet"), "inception3": ("inception",), "visiontransformer": ("vit",)}
+
+
+def _count_cache_path() -> Path | None:
+    try:
+        import platformdirs
+        import torchvision
+    except ImportError:
+        return None
+    return Path(platformdirs.user_cache_dir("gpemu")) / f"torchvision-{torchvision.__version__}-param-counts.json"
+
+
+@functools.cache
+def _torchvision_param_counts(prefixes: tuple[str, ...]) -> dict[str, int]:
+    """Return {torchvision model name: parameter count} for names with these prefixes (cached on disk)."""
+    try:
+        import torchvision
+    except ImportError:
+        return {}
+    path = _count_cache_path()
+    cached: dict[str, int] = {}
+    if path is not None and path.exists():
+        try:
+            cached = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            cached = {}
+    counts: dict[str, int] = {}
+    dirty = False
+    for name in torchvision.models.list_models(module=torchvision.models):
+        if not name.startswith(prefixes):
+            continue
+        if name not in cached:
+            try:
+                with torch.device("meta"):  # no bytes, ~0.1-1 s per model; cached so a run pays it once
+                    model = torchvision.models.get_model(name)
+            except Exception:  # a builder that needs weights or arguments: not a candidate
+                continue
+            cached[name] = sum(p.numel() for p in model.parameters())
+            dirty = True
+        counts[name] = cached[name]
+    if dirty and path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(cached, sort_keys=True), encoding="utf-8")
+        except OSError:
+            pass
+    return counts
+
+
+def identify_model(module: torch.nn.Module) -> str | None:
+    """Return the torchvision model name of `module` (by class name and parameter count), or None."""
+    inner = getattr(module, "module", module) if type(module).__name__ in ("DataParallel", "DistributedDataParallel") else module
+    cls = type(inner).__name__.lower()
+    prefixes = _TV_PREFIX.get(cls, (cls[:4],))
+    nparams = sum(p.numel() for p in inner.parameters())
+    for name, count in _torchvision_param_counts(prefixes).items():
+        if count == nparams:
+            return name
+    return None
+
+
+# ---- the tracker ---------------------------------------------------------------------------------------------
+
+
+class PhaseTracker:
+    """Follows forward/backward phases of the running script and scales op costs to profiled phase times."""
+
+    def __init__(self, gpu_key: str, model: str | None = None, lookup: PhaseLookup | None = None) -> None:
+        self.gpu_key = gpu_key
+        self.model = model
+        self.lookup = lookup or default_lookup
+        self.phase = "setup"
+        self.top: torch.nn.Module | None = None
+        self.key: tuple[str, int, str] | None = None  # (workload, batch size, dtype) of the current step
+        self.sums: dict[str, float] = {"forward": 0.0, "backward": 0.0}
+        self.prev: dict[tuple[str, int, str, str], float] = {}
+        self.scale: float | None = None
+        self.args: dict[str, object] = _PREDICTED_ARGS
+        self.steps = 0
+        self.workloads: dict[int, str | None] = {}
+        self._targets: dict[tuple[str, int, str, str], float | None] = {}
+        self._handles: list[Any] = []
+        self._param_cache: dict[int, bool] = {}
+
+    def install(self) -> None:
+        """Register the global module hooks."""
+        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+        self._handles = [register_module_forward_pre_hook(self._pre), register_module_forward_hook(self._post)]
+
+    def warm(self) -> None:
+        """Load the profile database now, so the first forward does not pay for it inside the timed step."""
+        if self.lookup is default_lookup:
+            with contextlib.suppress(ImportError):
+                import gpemu.profiles  # noqa: F401
+
+    def uninstall(self) -> None:
+        """Remove the global module hooks."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def charge(self, predicted_s: float) -> tuple[float, dict[str, object]]:
+        """Return (duration, trace args) for one op predicted at `predicted_s`, and add it to the phase sum."""
+        phase = self.phase
+        if phase == "forward" or phase == "backward":
+            self.sums[phase] += predicted_s
+            if self.scale is not None:
+                return predicted_s * self.scale, self.args
+        return predicted_s, _PREDICTED_ARGS
+
+    # -- hooks
+
+    def _pre(self, module: torch.nn.Module, args: Any) -> None:
+        if self.top is not None:
+            return
+        from gpemu.torch_backend.tensor import EmuTensor
+
+        batch = next((a for a in args if isinstance(a, EmuTensor)), None)
+        if batch is None or not self._has_params(module):  # loss modules are not the model
+            return
+        self._close_phase()
+        self.top = module
+        if not torch.is_grad_enabled():
+            self.phase = "eval"
+            self.key = None
+            return
+        workload = self._workload(module)
+        emu = state.current_emulation()
+        dtype = "amp" if emu is not None and emu.autocast_dtype() is not None else "fp32"
+        self.key = (workload, int(batch.shape[0]) if batch.dim() else 1, dtype) if workload else None
+        self._begin("forward")
+        self.steps += 1
+
+    def _post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if module is not self.top:
+            return
+        self._close_phase()
+        self.top = None
+        if self.key is not None:
+            self._begin("backward")
+        else:
+            self.phase = "setup" if self.phase == "eval" else "backward"
+            self.scale = None
+
+    def _begin(self, phase: str) -> None:
+        self.phase = phase
+        self.sums[phase] = 0.0
+        self.scale = None
+        self.args = _PREDICTED_ARGS
+        if self.key is None:
+            return
+        full = (*self.key, phase)
+        target = self._target(full)
+        prev = self.prev.get(full)
+        if target is not None and prev:
+            self.scale = target / prev
+            self.args = {"timing": "calibrated", "phase": phase, "scale": round(self.scale, 6),
+                         "profile_s": target, "workload": self.key[0]}
+
+    def _close_phase(self) -> None:
+        if self.key is not None and self.phase in ("forward", "backward") and self.sums[self.phase] > 0:
+            self.prev[(*self.key, self.phase)] = self.sums[self.phase]
+
+    def _has_params(self, module: torch.nn.Module) -> bool:
+        key = id(module)
+        has = self._param_cache.get(key)
+        if has is None:
+            has = self._param_cache[key] = next(module.parameters(), None) is not None
+        return has
+
+    def _workload(self, module: torch.nn.Module) -> str | None:
+        if self.model:
+            return self.model
+        key = id(module)
+        if key not in self.workloads:
+            self.workloads[key] = identify_model(module)
+        return self.workloads[key]
+
+    def _target(self, full: tuple[str, int, str, str]) -> float | None:
+        if full not in self._targets:
+            workload, batch, dtype, phase = full
+            self._targets[full] = self.lookup(self.gpu_key, workload, phase, batch, dtype)
+        return self._targets[full]
+
+    def describe(self) -> dict[str, object]:
+        """Return what the tracker identified (for reports)."""
+        return {
+            "workloads": sorted({w for w in self.workloads.values() if w} | ({self.model} if self.model else set())),
+            "steps": self.steps,
+            "calibrated": {"/".join(map(str, k)): v for k, v in self._targets.items() if v is not None},
+        }
+
+
+def model_from_env() -> str | None:
+    """Return GPEMU_MODEL if set."""
+    return os.environ.get("GPEMU_MODEL") or None
+
+
+_ = state  # the tracker is reached through state.current_emulation().phases

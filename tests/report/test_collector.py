@@ -1,0 +1,102 @@
+"""Run-report numbers on a ManualClock-driven loop, where every figure can be derived by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpemu.device import ManualClock
+from gpemu.device.api import Emulator
+from gpemu.report import EngineLog, RunCollector, iteration_rows, summarize
+
+MB = 10**6
+
+
+def test_engine_log_busy_in_window() -> None:
+    log = EngineLog()
+    log.add(0.0, 1.0)
+    log.add(1.0, 2.0)  # touches: merged into [0, 2)
+    log.add(3.0, 4.0)
+    assert len(log.starts) == 2
+    assert log.busy_in(0.5, 3.5) == pytest.approx(2.0)  # 1.5 of [0,2) + 0.5 of [3,4)
+    assert log.busy_in(2.0, 3.0) == 0.0
+    assert log.busy_in(-1.0, 10.0) == pytest.approx(3.0)
+    assert log.busy_in_spans([(0.0, 0.5), (3.5, 5.0)]) == pytest.approx(1.0)
+
+
+def _run() -> tuple[Emulator, RunCollector]:
+    clock = ManualClock()
+    emu = Emulator("v100", clock=clock)
+    col = RunCollector(emu.devices, clock=clock.now)
+    # iteration 0: 30 ms data wait, 1 ms pinned H2D (11.5e6 B / 11.5 GB/s), 20 ms compute, then sync (loss.item()).
+    clock.advance(0.030)
+    col.on_fetch(0.0, 0.030)
+    emu.h2d(11_500_000)
+    emu.compute(0.020)
+    emu.synchronize()
+    # iteration 1: 10 ms data wait, same step.
+    t = clock.now()
+    clock.advance(0.010)
+    col.on_fetch(t, clock.now())
+    emu.h2d(11_500_000)
+    emu.compute(0.020)
+    emu.synchronize()
+    # iteration 2: no data wait, a 50 ms kernel launched without a sync; the next fetch comes 18 ms later.
+    col.mark_iteration()
+    emu.compute(0.050)
+    clock.advance(0.018)
+    # iteration 3: starts at 0.1; the loader is exhausted at 0.2.
+    col.mark_iteration()
+    clock.advance(0.100)
+    col.on_exhausted(clock.now())
+    return emu, col
+
+
+def test_iteration_rows_by_hand() -> None:
+    _, col = _run()
+    rows = iteration_rows(col)
+    assert len(rows) == 4
+    r0, r1, r2, r3 = rows
+    # iteration 0: [0, 0.051): the copy runs 0.030-0.031, the kernel max(0.030 + 5 us, 0.031) = 0.031 to 0.051.
+    assert r0["wall_s"] == pytest.approx(0.051)
+    assert r0["data_wait_s"] == pytest.approx(0.030)
+    assert r0["h2d_s"] == pytest.approx(0.001)
+    assert r0["gpu_busy_s"] == pytest.approx(0.020)
+    assert r0["gpu_idle_s"] == pytest.approx(0.031)  # 0.051 - 0.020
+    assert r0["gpu_idle_data_s"] == pytest.approx(0.030)  # the GPU was idle during the whole fetch
+    assert r0["sync_wait_s"] == pytest.approx(0.021)  # host waited 0.030 -> 0.051
+    assert r0["fetch_stall_pct"] == pytest.approx(100 * 0.030 / 0.051)  # 58.8 %
+    assert r0["h2d_bytes"] == 11_500_000
+    # iteration 1: [0.051, 0.082): 10 ms fetch, copy 0.061-0.062, kernel 0.062-0.082.
+    assert r1["wall_s"] == pytest.approx(0.031)
+    assert r1["gpu_busy_pct"] == pytest.approx(100 * 0.020 / 0.031)  # 64.5 %
+    # iteration 2: [0.082, 0.100): the kernel starts at 0.082005 and is still running when the window closes.
+    assert r2["wall_s"] == pytest.approx(0.018)
+    assert r2["gpu_busy_s"] == pytest.approx(0.100 - 0.082005)
+    # iteration 3: [0.100, 0.200): the rest of that kernel, 0.100 -> 0.132005.
+    assert r3["wall_s"] == pytest.approx(0.100)
+    assert r3["gpu_busy_s"] == pytest.approx(0.032005)
+    assert not any(r["partial"] for r in rows)
+
+
+def test_summary_skips_warmup() -> None:
+    _, col = _run()
+    summary = summarize(iteration_rows(col), warmup=1)
+    assert summary["iterations_used"] == 3
+    assert summary["wall_s"]["mean"] == pytest.approx((0.031 + 0.018 + 0.100) / 3)
+    # busy over iterations 1-3: 0.020 + 0.017995 + 0.032005 = 0.070 of 0.149 s of wall.
+    assert summary["gpu_busy_pct"] == pytest.approx(100 * 0.070 / 0.149)
+    assert summary["fetch_stall_pct"] == pytest.approx(100 * 0.010 / 0.149)
+
+
+def test_open_iteration_is_closed_partial_at_last_gpu_activity() -> None:
+    clock = ManualClock()
+    emu = Emulator("v100", clock=clock)
+    col = RunCollector(emu.devices, clock=clock.now)
+    col.mark_iteration()
+    emu.compute(0.040)
+    emu.synchronize()  # host activity ends at 0.040005
+    clock.advance(5.0)  # e.g. saving a checkpoint before exit
+    col.finish()
+    (row,) = iteration_rows(col)
+    assert row["partial"]
+    assert row["wall_s"] == pytest.approx(0.040005)

@@ -1,0 +1,35 @@
+"""Fixtures: an installed emulation that is always uninstalled, and a profile lookup over ../shared/data."""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import gpemu.torch_backend as gt
+
+
+@pytest.fixture
+def emu() -> Iterator[gt.Emulation]:
+    """Return an installed 1x V100 emulation; uninstall afterwards."""
+    e = gt.install("v100")
+    yield e
+    gt.uninstall()
+
+
+def gpemu_tree_lookup(root: Path, folder: str = "Tesla_V100-PCIE-32GB"):
+    """Return a phase lookup over GPEmu's on-disk tree (measured rows only; fp32)."""
+
+    def lookup(gpu: str, workload: str, phase: str, batch_size: int, dtype: str) -> float | None:
+        f = root / "gpemu-profiles" / "time" / "compute" / phase / folder / workload / "time_by_batch_size.csv"
+        if dtype != "fp32" or not f.exists():
+            return None
+        with f.open(encoding="utf-8") as fh:
+            for row in csv.DictReader(fh):
+                if int(row["Batch_Size"]) == batch_size:
+                    return float(row["Time_In_SECONDS"])
+        return None
+
+    return lookup

@@ -1,0 +1,91 @@
+"""EmuTensor: device identity, memory by storage, values, autograd, data-dependent shapes, errors, saving."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+
+import gpemu.torch_backend as gt
+from gpemu.errors import UnsupportedOpError
+
+
+def test_device_identity(emu: gt.Emulation) -> None:
+    x = torch.zeros(4, 8, device="cuda")
+    assert isinstance(x, gt.EmuTensor)
+    assert x.device == torch.device("cuda", 0) and x.is_cuda and x.get_device() == 0
+    assert not torch.zeros(2).is_cuda  # CPU tensors stay plain
+
+
+def test_memory_tracks_storages_not_views(emu: gt.Emulation) -> None:
+    alloc = emu.devices[0].allocator
+    base = alloc.memory_allocated()
+    x = torch.empty(1024, 256, device="cuda")  # 1024 * 256 * 4 = 1048576 bytes
+    assert alloc.memory_allocated() - base == 1048576
+    v = x[:10].t()  # a view shares the storage: no new bytes
+    assert alloc.memory_allocated() - base == 1048576
+    del x
+    assert alloc.memory_allocated() - base == 1048576  # the view keeps the storage alive
+    del v
+    assert alloc.memory_allocated() == base
+    assert torch.cuda.memory_allocated() == alloc.memory_allocated()
+
+
+def test_item_and_value_hook(emu: gt.Emulation) -> None:
+    loss = torch.ones(8, device="cuda").sum()
+    assert loss.item() == 0.0  # values are not computed: zeros by default
+    gt.set_value_hook(lambda shape, dtype, reason: 2.5 if reason == "tensor.item()" else None)
+    assert loss.item() == 2.5
+    assert f"{loss:.1f}" == "2.5"
+    assert torch.ones(3, device="cuda").cpu().tolist() == [0.0, 0.0, 0.0]  # hook declines -> zeros
+
+
+def test_autograd_through_conv_bn_linear(emu: gt.Emulation) -> None:
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 5)
+    ).cuda()
+    opt = torch.optim.Adam(model.parameters())
+    out = model(torch.randn(2, 3, 8, 8).cuda())
+    assert out.shape == (2, 5) and out.device.type == "cuda"  # (8 - 3 + 1) = 6
+    out.sum().backward()
+    opt.step()
+    grad = model[0].weight.grad
+    assert grad is not None and grad.shape == (8, 3, 3, 3) and grad.is_cuda
+
+
+def test_nonzero_policy_and_unique_error(emu: gt.Emulation) -> None:
+    x = torch.zeros(10, 4, device="cuda")
+    assert torch.nonzero(x).shape == (40, 2)  # worst case: all 10 * 4 = 40 elements selected
+    emu.nonzero_fraction = 0.25
+    assert x[x > 0].shape == (10,)  # ceil(40 * 0.25) = 10
+    with pytest.raises(UnsupportedOpError, match="unique"):
+        torch.unique(x)
+
+
+def test_numpy_needs_cpu_like_cuda(emu: gt.Emulation) -> None:
+    with pytest.raises(TypeError, match="cpu"):
+        torch.zeros(2, device="cuda").numpy()
+    assert torch.zeros(2, device="cuda").cpu().numpy().shape == (2,)
+
+
+def test_torch_save_loads_anywhere(emu: gt.Emulation) -> None:
+    model = torch.nn.Linear(4, 3).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(2, 4, device="cuda")).sum().backward()
+    opt.step()
+    buf = io.BytesIO()
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, buf)
+    buf.seek(0)
+    ckpt = torch.load(buf)  # weights_only=True by default: only plain tensors inside
+    assert ckpt["model"]["weight"].shape == (3, 4) and ckpt["model"]["weight"].device.type == "cpu"
+    assert ckpt["opt"]["state"][0]["momentum_buffer"].shape == (3, 4)
+
+
+def test_uninstall_restores_torch() -> None:
+    before = (torch.cuda.is_available, torch.Tensor.to, torch.zeros, torch.accelerator.device_count)
+    gt.install("a100", count=2)
+    assert torch.cuda.device_count() == 2 and torch.cuda.get_device_name(1) == "NVIDIA A100-SXM4-80GB"
+    gt.uninstall()
+    assert (torch.cuda.is_available, torch.Tensor.to, torch.zeros, torch.accelerator.device_count) == before
+    assert gt.current_emulation() is None

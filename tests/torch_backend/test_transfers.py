@@ -1,0 +1,79 @@
+"""Host<->device copies: pinned non_blocking copies are queued, pageable copies block the host for nbytes/bw."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+import gpemu.torch_backend as gt
+
+
+def test_pinned_non_blocking_is_queued_on_the_copy_engine(emu: gt.Emulation) -> None:
+    spec = emu.devices[0].spec
+    src = torch.zeros(64, 1024, 1024, dtype=torch.uint8).pin_memory()  # 64 MiB = 67108864 bytes
+    assert src.is_pinned()
+    t0 = time.perf_counter()
+    x = src.cuda(non_blocking=True)
+    host_s = time.perf_counter() - t0
+    copy_s = 67108864 / (spec.h2d_pinned_gbps * 1e9)
+    assert x.is_cuda
+    assert host_s < copy_s  # the host did not wait for the copy
+    assert emu.devices[0].engines["h2d"].busy_s == pytest.approx(copy_s, rel=1e-9)
+    assert emu.devices[0].stats.h2d_bytes == 67108864
+
+
+def test_pageable_copy_blocks_the_host(emu: gt.Emulation) -> None:
+    spec = emu.devices[0].spec
+    src = torch.zeros(16, 1024, 1024, dtype=torch.uint8)  # 16 MiB pageable = 16777216 bytes
+    copy_s = 16777216 / (spec.h2d_pageable_gbps * 1e9)
+    t0 = time.perf_counter()
+    src.to("cuda", non_blocking=True)  # non_blocking from pageable memory still blocks, as CUDA does
+    assert time.perf_counter() - t0 >= copy_s * 0.99
+
+
+def test_event_elapsed_time_measures_the_stream(emu: gt.Emulation) -> None:
+    stream = emu.devices[0].default_stream
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    stream.enqueue(0.020, "fake kernel")  # 20 ms of GPU work
+    end.record()
+    launch_ms = emu.devices[0].spec.launch_overhead_us / 1e3  # the kernel starts one launch latency after `start`
+    assert 20.0 <= start.elapsed_time(end) <= 20.0 + launch_ms + 0.5
+
+
+def test_streams_and_device_api(emu: gt.Emulation) -> None:
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        assert torch.cuda.current_stream() == s
+        torch.zeros(10, device="cuda")
+    assert torch.cuda.current_stream() == torch.cuda.default_stream()
+    props = torch.cuda.get_device_properties(0)
+    assert props.total_memory == emu.devices[0].memory_limit_bytes
+    assert torch.cuda.get_device_capability() == emu.devices[0].spec.compute_capability
+    assert torch.accelerator.current_accelerator().type == "cuda"
+    torch.cuda.synchronize()
+    assert torch.cuda.mem_get_info()[1] == emu.devices[0].memory_limit_bytes
+
+
+def test_autocast_halves_activation_memory(emu: gt.Emulation) -> None:
+    w = torch.randn(1024, 1024, device="cuda")
+    x = torch.randn(4096, 1024, device="cuda")
+    with torch.autocast("cuda"):
+        y = x @ w
+    assert y.dtype == torch.float16
+    assert (x @ w).dtype == torch.float32
+
+
+def test_memory_limit_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPEMU_GPU", "t4")
+    monkeypatch.setenv("GPEMU_MEMORY_LIMIT", "1GiB")
+    emu = gt.install_from_env()
+    try:
+        assert torch.cuda.get_device_properties(0).total_memory == 1024**3
+        with pytest.raises(torch.cuda.OutOfMemoryError):
+            torch.empty(2 * 1024**3, dtype=torch.uint8, device="cuda")  # 2 GiB > 1 GiB limit
+        assert emu.gpu_key == "t4"
+    finally:
+        gt.uninstall()
