@@ -33,6 +33,10 @@ class ProfileFormatError(GpemuError, ValueError):
         super().__init__(f"{where}: {problem}")
 
 
+class GpemuWarning(UserWarning):
+    """A figure gpemu had to guess, or an emulation that is less faithful than asked (the run goes on)."""
+
+
 class UnsupportedOpError(GpemuError, NotImplementedError):
     """An operator the emulator cannot handle; the message names the op and the workaround."""
 

@@ -20,7 +20,7 @@ class StubDB:
         self.rows = rows
         self.calls: list[tuple[str, str, str, int, str]] = []
 
-    def lookup(self, gpu: str, workload: str, phase: str, batch_size: int, dtype: str = "fp32") -> Estimate:
+    def lookup(self, gpu: str, workload: str, phase: str, batch_size: int, dtype: str = "fp32", warn: bool = True) -> Estimate:
         self.calls.append((gpu, workload, phase, batch_size, dtype))
         value = self.rows.get((workload, phase, batch_size))
         if value is None:

@@ -202,13 +202,21 @@ def run_dropin(
         make_imagenet_folder(root, N_CLASSES, n_per_class, max(1, batch_size // N_CLASSES))
     results = []
     with tempfile.TemporaryDirectory(prefix="gpemu-demo-") as tmp:
+        env = dict(os.environ)
+        # One intra-op thread, as in explicit mode (see run_explicit): on a small machine OpenMP oversubscription
+        # would otherwise dominate in-process loading. The emulated GPU does no arithmetic, so nothing else changes.
+        env.setdefault("OMP_NUM_THREADS", "1")
+        _db, where = resolve_profile_db(spec, model, Path(tmp))
+        if where.startswith("GPEmu measurements"):
+            env["GPEMU_PROFILE_DIR"] = str(Path(tmp) / "profiles")
+        console.print(f"[bold]phase times:[/] {where}")
         for w in workers:
             out = Path(tmp) / f"w{w}.json"
             cmd = [sys.executable, "-m", "gpemu", "run", "--gpu", spec.key, "--model", model, "--report-json",
                    str(out), "--", sys.executable, str(IMAGENET_EXAMPLE), str(root), "-a", model, "-b",
                    str(batch_size), "-j", str(w), "--epochs", "1", "--iters", str(iters)]
             console.print(f"[bold]$[/] {' '.join(cmd[2:])}")
-            code = subprocess.call(cmd)
+            code = subprocess.call(cmd, env=env)
             if code != 0 or not out.is_file():
                 raise GpemuError(f"the drop-in run with {w} workers failed (exit code {code})")
             results.append({"workers": w, **json.loads(out.read_text())["summary"]})
@@ -240,7 +248,7 @@ def print_summary(results: list[dict[str, Any]]) -> None:
 
 
 def demo(
-    mode: str = typer.Option("explicit", "--mode", help="explicit (Emulator API) or dropin (gpemu run + examples)."),
+    mode: str = typer.Option("dropin", "--mode", help="explicit (Emulator API) or dropin (gpemu run + examples)."),
     gpu: str = typer.Option("v100", "--gpu", help="GPU to emulate."),
     model: str = typer.Option("resnet50", "--model", help="Profiled workload."),
     batch_size: int = typer.Option(32, "--batch-size", "-b", help="Batch size."),

@@ -15,10 +15,10 @@ import pandas as pd
 import torch
 
 from gpemu.cost.model import (
+    COMPUTE_PARAMS,
     DEFAULT_SHARED,
     PER_GPU_PARAMS,
     SHARED_PARAMS,
-    COMPUTE_PARAMS,
     CostParams,
     OpArrays,
     compress_views,
@@ -44,7 +44,7 @@ def load_measured_rows(path: str | Path) -> pd.DataFrame:
         df = df.rename(columns={"kind": "phase", "model": "workload"})
         df["dtype"] = "fp32"
     df = df[(df["phase"].isin(["forward", "backward"])) & (df["measured"].astype(int) == 1)].copy()
-    keys = {}
+    keys: dict[str, str | None] = {}
     for name in df["gpu"].unique():
         try:
             keys[name] = get_gpu(str(name)).key

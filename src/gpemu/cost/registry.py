@@ -159,8 +159,9 @@ def _conv(args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> OpCost:
 
 @register_cost(aten.convolution_backward)
 def _conv_bwd(args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> OpCost:
+    # (grad_out, input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups, mask)
     grad_out, x, w = args[0], args[1], args[2]
-    transposed = bool(args[6])
+    transposed = bool(args[7])
     mask = args[-1] if isinstance(args[-1], (list, tuple)) else (True, True, True)
     # grad_input and grad_weight each cost one forward convolution's FLOPs (the same MACs, re-associated).
     one = conv_flops(x.shape, w.shape, grad_out.shape, transposed)

@@ -226,7 +226,7 @@ def estimate_phase(
         except ImportError:
             problems.append("the profile database (gpemu.profiles.ProfileDB) is not available")
     if db is not None:
-        looked_up = db.lookup(spec.key, workload, phase, batch_size, dtype)
+        looked_up = db.lookup(spec.key, workload, phase, batch_size, dtype, warn=False)
         if looked_up.kind in _PROFILE_KINDS:
             return looked_up
         problems.append(f"profile lookup: {looked_up.kind} ({looked_up.source})")

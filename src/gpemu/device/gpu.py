@@ -48,7 +48,10 @@ class EmulatedGPU:
         self.streams: list[Stream] = [self.default_stream]
         self.stats = DeviceStats()
         self.allocator = CachingAllocator(
-            self.memory_limit_bytes, int(self.spec.context_mib * 1024**2), device_index=index
+            self.memory_limit_bytes,
+            int(self.spec.context_mib * 1024**2),
+            device_index=index,
+            on_change=self._memory_changed if trace is not None else None,
         )
 
     def __repr__(self) -> str:
@@ -87,6 +90,16 @@ class EmulatedGPU:
         self.stats.work_count[work.category] += 1
         if self.trace is not None:
             self.trace.work(work)
+
+    def _memory_changed(self, allocated_bytes: int, reserved_bytes: int) -> None:
+        if self.trace is not None:
+            self.trace.counter(
+                "memory (MiB)",
+                self.clock.now(),
+                self.index,
+                allocated=allocated_bytes / 2**20,
+                reserved=reserved_bytes / 2**20,
+            )
 
     def busy_s(self, engine: str = "compute") -> float:
         """Return total busy seconds of one engine so far."""

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from gpemu.errors import GpemuWarning
+
 PAGE_BYTES = mmap.PAGESIZE
 MIN_CLASS_BYTES = 512
 
@@ -31,8 +33,6 @@ MIN_CLASS_BYTES = 512
 # and keep plain (pageable but pre-touched) buffers: timing still uses the pinned bandwidth, as the script asked.
 
 
-class GpemuWarning(UserWarning):
-    """A gpemu emulation fidelity warning (the run goes on, less faithfully)."""
 
 
 def size_class(size_bytes: int) -> int:

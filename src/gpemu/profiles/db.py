@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from gpemu.errors import UnknownNameError
+from gpemu.errors import GpemuWarning, UnknownNameError
 from gpemu.estimate import Estimate, missing
 from gpemu.hardware import GPUSpec, get_gpu
 from gpemu.profiles.native import KEY_COLUMNS, empty_rows, read_profile_csv
@@ -25,8 +25,6 @@ PROFILE_DIR_ENV = "GPEMU_PROFILE_DIR"
 EXTRAPOLATION_FIT_POINTS = 8
 
 
-class GpemuWarning(UserWarning):
-    """A figure gpemu had to guess (e.g. extrapolated beyond the measured batch sizes)."""
 
 
 def user_profile_dir() -> Path:

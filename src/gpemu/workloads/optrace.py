@@ -6,7 +6,7 @@ import contextlib
 import hashlib
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from gpemu.cost.registry import op_cost, op_name
 from gpemu.errors import UnknownNameError
 
-TRACE_VERSION = 4  # bump when what a trace records changes (invalidates the disk cache)
+TRACE_VERSION = 5  # bump when what a trace records changes (invalidates the disk cache)
 TRACE_DTYPES: tuple[str, ...] = ("fp32", "fp16", "bf16", "amp", "amp_bf16")
 OPTIMIZERS: tuple[str, ...] = ("sgd", "sgd-gpemu", "adam", "adamw")
 # Note [GPEmu-era step]
@@ -29,6 +29,7 @@ OPTIMIZERS: tuple[str, ...] = ("sgd", "sgd-gpemu", "adam", "adamw")
 # _foreach_zero_), backward accumulates into them (one add_ per parameter), and SGD-momentum runs the per-parameter
 # loop (mul_, add_ on the momentum buffer, add_ on the parameter). The calibration fits on "sgd-gpemu" traces.
 TRACE_PHASES: tuple[str, ...] = ("forward", "backward", "optimizer")
+InputsFn = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
 
 
 @dataclass(frozen=True)
@@ -206,14 +207,18 @@ def _make_optimizer(name: str, params: list[nn.Parameter]) -> torch.optim.Optimi
     return opt
 
 
-def _trace_uncached(model: nn.Module, name: str, batch_size: int, dtype: str, optimizer: str) -> list[OpRecord]:
+def _trace_uncached(model: nn.Module, name: str, batch_size: int, dtype: str, optimizer: str,
+                    inputs_fn: InputsFn | None = None) -> list[OpRecord]:
     from gpemu.workloads.models import example_batch, loss_fn, model_kind
 
     if dtype in ("fp16", "bf16"):
         model = model.to(_DTYPES[dtype])
     model.train()
-    kind = model_kind(name) if isinstance(name, str) and not name.startswith("<") else "vision"
-    inputs, targets = example_batch(name if kind == "lm" else "resnet18", batch_size, device="meta")
+    if inputs_fn is not None:
+        inputs, targets = inputs_fn(batch_size)
+    else:
+        kind = model_kind(name) if not name.startswith("<") else "vision"
+        inputs, targets = example_batch(name if kind == "lm" else "resnet18", batch_size, device="meta")
     if dtype in ("fp16", "bf16") and inputs.is_floating_point():
         inputs = inputs.to(_DTYPES[dtype])
     params = [p for p in model.parameters() if p.requires_grad]
@@ -276,18 +281,20 @@ def _store(path: Path, records: list[OpRecord]) -> None:
 
 
 def trace_training_step(model_name_or_module: str | nn.Module, batch_size: int, dtype: str = "fp32",
-                        optimizer: str = "sgd", cache: bool = True) -> list[OpRecord]:
+                        optimizer: str = "sgd", cache: bool = True,
+                        inputs_fn: InputsFn | None = None) -> list[OpRecord]:
     """Return the aten ops of one training step (forward, loss, zero_grad, backward, optimizer step), traced on meta.
 
     Zoo names (and "module:factory" refs) are cached on disk under platformdirs.user_cache_dir("gpemu") (or
     $GPEMU_CACHE_DIR) keyed by (model, batch, dtype, optimizer, torch version); modules are traced every time.
+    `inputs_fn(batch_size) -> (inputs, targets)` on meta overrides the zoo's example batch (default: images).
     """
     _check(dtype, optimizer)
     if isinstance(model_name_or_module, nn.Module):
         module = model_name_or_module
         if any(p.device.type != "meta" for p in module.parameters()):
             module = module.to("meta")
-        return _trace_uncached(module, "<module>", batch_size, dtype, optimizer)
+        return _trace_uncached(module, "<module>", batch_size, dtype, optimizer, inputs_fn)
     from gpemu.workloads.models import build_model
 
     name = model_name_or_module
@@ -298,8 +305,6 @@ def trace_training_step(model_name_or_module: str | nn.Module, batch_size: int, 
         module = build_model(name)
     records = _trace_uncached(module, name, batch_size, dtype, optimizer)
     if cache:
-        try:
+        with contextlib.suppress(OSError):  # a read-only cache dir costs speed, not correctness
             _store(path, records)
-        except OSError:
-            pass  # a read-only cache dir costs speed, not correctness
     return records

@@ -1,0 +1,68 @@
+"""Tests for gpemu.cost.predict: the profile -> scaled-from -> spec-model ladder and per-op predictions."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from gpemu.cost.predict import predict_ops, predict_phase
+from gpemu.errors import UnknownNameError
+from gpemu.estimate import Estimate
+from gpemu.hardware import get_gpu, list_gpus
+from gpemu.workloads.optrace import trace_training_step
+
+
+def test_unprofiled_gpu_gets_a_spec_model_prediction() -> None:
+    fwd = predict_phase(get_gpu("h100-sxm5-80gb"), "resnet18", "forward", 32)
+    bwd = predict_phase(get_gpu("h100-sxm5-80gb"), "resnet18", "backward", 32)
+    assert (fwd.kind, fwd.path, fwd.unit) == ("predicted", "spec-model", "s")
+    assert 0 < fwd.value < bwd.value
+
+
+def test_every_catalog_gpu_gets_a_labelled_prediction() -> None:
+    values = {}
+    for spec in list_gpus():
+        est = predict_phase(spec, "resnet18", "forward", 64)
+        assert est.kind == "predicted" and est.path == "spec-model", spec.key
+        values[spec.key] = est.value
+    assert values["h100-sxm5-80gb"] < values["v100-pcie-32gb"] < values["k80"]
+
+
+def test_scaled_from_the_closest_measured_gpu() -> None:
+    rows = pd.DataFrame([
+        {"gpu": "v100-pcie-32gb", "workload": "resnet18", "phase": "forward", "batch_size": 64, "dtype": "fp32",
+         "value": 0.05, "unit": "s", "measured": 1, "source": "test"},
+        {"gpu": "k80", "workload": "resnet18", "phase": "forward", "batch_size": 64, "dtype": "fp32",
+         "value": 0.3, "unit": "s", "measured": 1, "source": "test"},
+    ])
+    est = predict_phase("v100-sxm2-32gb", "resnet18", "forward", 64, db=rows)
+    assert est.path == "scaled-from:v100-pcie-32gb"  # same arch, closest spec
+    d = est.details
+    assert est.value == pytest.approx(0.05 * d["model_y_s"] / d["model_x_s"])  # type: ignore[operator]
+
+
+class _StandInDB:
+    rows = pd.DataFrame(columns=["gpu", "workload", "phase", "batch_size", "dtype", "value", "unit", "measured"])
+
+    def lookup(self, gpu: str, workload: str, phase: str, batch_size: int, dtype: str = "fp32") -> Estimate:
+        if gpu == "v100-pcie-32gb":
+            return Estimate(0.123, "s", "interpolated", source="stand-in")
+        return Estimate(float("nan"), "s", "missing")
+
+
+def test_profile_rows_win_over_the_model() -> None:
+    assert predict_phase("v100", "resnet50", "forward", 48, db=_StandInDB()).value == 0.123
+    assert predict_phase("t4", "resnet50", "forward", 48, db=_StandInDB()).path == "spec-model"
+
+
+def test_bad_phase_is_a_user_error() -> None:
+    with pytest.raises(UnknownNameError):
+        predict_phase("v100", "resnet18", "forwards", 8)
+
+
+def test_predict_ops_prices_kernels_and_not_views() -> None:
+    records = trace_training_step("alexnet", 2)
+    times = predict_ops("v100", records)
+    assert len(times) == len(records)
+    assert all(t == 0 for t, r in zip(times, records, strict=True) if r.category == "view")
+    assert all(t > 0 for t, r in zip(times, records, strict=True) if r.category != "view")
