@@ -67,12 +67,17 @@ def run(
     trace: Path = typer.Option(None, "--trace", help="Write a Perfetto/Chrome trace here at exit."),
     report_json: Path = typer.Option(None, "--report-json", help="Write every iteration of the run report as JSON."),
     memory_limit: str = typer.Option(None, "--memory-limit", help="Cap emulated device memory, e.g. 10GiB."),
+    memory_report: bool = typer.Option(
+        False, "--memory-report", help="At exit, print peak, persistent memory and the top allocations by module."
+    ),
 ) -> None:
     """Run COMMAND (after --) with emulated GPUs: e.g. gpemu run --gpu a100 -- python train.py --epochs 1."""
     command = list(ctx.args)
     if not command:
         raise GpemuError("no command given: use e.g. `gpemu run --gpu v100 -- python train.py`")
     env = build_env(gpu, count, model, trace, report_json, memory_limit)
+    if memory_report:
+        env["GPEMU_MEMORY_REPORT"] = "1"
     try:
         proc = subprocess.Popen(command, env=env)
     except FileNotFoundError as exc:

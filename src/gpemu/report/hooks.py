@@ -54,6 +54,7 @@ class RunReport:
         self._last_flush_s = time.monotonic()
         self._finished = False
         self._original_next: Any = None
+        self.memory: Any = None  # a gpemu.report.memory.MemoryReport when --memory-report is on
 
     # -- DataLoader patch -------------------------------------------------------------------------------------------
     def patch_dataloader(self) -> None:
@@ -70,6 +71,8 @@ class RunReport:
             if getattr(_tls, "inside", False):  # a loader nested in a loader: only the outer fetch counts
                 return original(it)
             _tls.inside = True
+            if report.memory is not None:
+                report.memory.on_step_boundary()
             t0 = report.collector.now()
             try:
                 batch = original(it)
@@ -112,10 +115,15 @@ class RunReport:
         self._finished = True
         self.collector.finish()
         report = self.to_dict()
+        if self.memory is not None:
+            report["memory"] = self.memory.to_dict()
+            self.memory.close()
         if self.json_path is not None:
             write_json({**report, "complete": True}, self.json_path)
         if self.print_summary if print_summary is None else print_summary:
             render(report)
+            if self.memory is not None:
+                self.memory.render()
             if self.json_path is not None:
                 print(f"gpemu: report written to {self.json_path}", file=sys.stderr)
         return report
@@ -165,7 +173,12 @@ def install_report_from_env() -> RunReport:
         trace = getattr(emulation, "trace", None)
         model = model or getattr(emulation, "model", None)
     meta = {"model": model}
-    return install_report(json_path=os.environ.get("GPEMU_REPORT_JSON") or None, trace=trace, meta=meta)
+    report = install_report(json_path=os.environ.get("GPEMU_REPORT_JSON") or None, trace=trace, meta=meta)
+    if os.environ.get("GPEMU_MEMORY_REPORT") == "1":
+        from gpemu.report.memory import MemoryReport
+
+        report.memory = MemoryReport(_torch_backend_devices())
+    return report
 
 
 @contextlib.contextmanager
