@@ -46,7 +46,7 @@ class MemoryReport:
         self.logs = [DeviceMemoryLog() for _ in devices]
         self._roots: dict[int, dict[int, str]] = {}
         self._handles: list[Any] = []
-        for device, log in zip(devices, self.logs):
+        for device, log in zip(devices, self.logs, strict=True):
             self._wrap_allocator(device, log)
         self._install_module_hooks()
 
@@ -114,7 +114,7 @@ class MemoryReport:
 
     def on_step_boundary(self) -> None:
         """Record memory_allocated on every device (called at each batch fetch: after the previous step)."""
-        for device, log in zip(self.devices, self.logs):
+        for device, log in zip(self.devices, self.logs, strict=True):
             log.after_step_bytes.append(device.allocator.memory_allocated())
 
     def close(self) -> None:
@@ -127,7 +127,7 @@ class MemoryReport:
     def to_dict(self) -> dict[str, Any]:
         """Return per device: peak, persistent (after the last full step), reserved peak and top owners at the peak."""
         out = []
-        for device, log in zip(self.devices, self.logs):
+        for device, log in zip(self.devices, self.logs, strict=True):
             allocator = device.allocator
             # The first boundary is before any step ran (inputs only); persistent = after the last complete step.
             after = log.after_step_bytes[1:] or log.after_step_bytes
