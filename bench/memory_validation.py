@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from gpemu.memory.predict import max_batch_size, predict_memory
+from gpemu.memory.predict import GPEMU_DATA_SEMANTICS, max_batch_size, predict_memory
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("GPEMU_SHARED_DATA", REPO.parent / "shared" / "data")) / "gpemu-profiles"
@@ -75,7 +75,7 @@ def main() -> int:
             if key not in cache and model not in failed:
                 try:
                     # GPEmu built torchvision models with their defaults (googlenet keeps aux classifiers)
-                    got = predict_memory("v100", model, b, source="torchvision", iterations=3)
+                    got = predict_memory("v100", model, b, source="torchvision", iterations=3, **GPEMU_DATA_SEMANTICS)
                     cache[key] = {"peak_mib": float(got["peak_mib"]), "persistent_mib": float(got["persistent_mib"])}  # type: ignore[arg-type]
                 except Exception as exc:  # a model we cannot build: report it, go on
                     failed[model] = f"{type(exc).__name__}: {exc}"
@@ -131,7 +131,7 @@ def _max_batch_table(console: Console, rows: dict[tuple[str, str, int], dict[str
             progress.advance(task)
             if model in failed:
                 continue
-            pred = max_batch_size(GPU_KEYS[gpu], model, upper=256, source="torchvision")
+            pred = max_batch_size(GPU_KEYS[gpu], model, upper=256, source="torchvision", **GPEMU_DATA_SEMANTICS)
             # GPEmu measured up to 256 and stopped at the first batch that did not fit
             agrees = "yes" if pred == measured else f"{pred - measured:+d}"
             table.add_row(gpu, model, str(pred), str(measured), agrees)

@@ -28,12 +28,12 @@ from rich.table import Table
 
 from gpemu.cost.calibrate import fit, load_measured_rows
 from gpemu.cost.model import CostParams
-from gpemu.cost.predict import model_phase_seconds, spec_distance
+from gpemu.cost.predict import borrow_factors, model_phase_seconds, spec_distance
 from gpemu.hardware import get_gpu
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("GPEMU_SHARED_DATA", REPO.parent / "shared" / "data")) / "gpemu-profiles" / "ROWS.csv"
-console = Console()
+console = Console(width=150)
 
 
 def _cache_file(tag: str, steps: int) -> Path:
@@ -44,12 +44,12 @@ def _cache_file(tag: str, steps: int) -> Path:
     return Path(platformdirs.user_cache_dir("gpemu")) / "predict_validation" / f"{digest}.json"
 
 
-def _fit_cached(tag: str, rows: pd.DataFrame, steps: int, use_cache: bool) -> CostParams:
+def _fit_cached(tag: str, rows: pd.DataFrame, steps: int, use_cache: bool, per_gpu: bool = True) -> CostParams:
     path = _cache_file(tag, steps)
     if use_cache and path.exists():
         d = json.loads(path.read_text())
         return CostParams(d["shared"], d["per_gpu"], d["tc_rel"], d["note"])
-    params = fit(rows, steps=steps)
+    params = fit(rows, steps=steps, per_gpu=per_gpu)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(params.to_json()))
     return params
@@ -69,6 +69,7 @@ def _predict_rows(rows: pd.DataFrame, params: CostParams, gpu: str, use_per_gpu:
 
 def _errors(df: pd.DataFrame, pred_col: str = "pred") -> dict[str, np.ndarray]:
     """Return absolute % errors for forward, backward and forward+backward (rows where both phases are measured)."""
+    df = df.dropna(subset=[pred_col])
     out = {}
     for phase in ("forward", "backward"):
         sel = df[df["phase"] == phase]
@@ -99,7 +100,7 @@ def _table(title: str) -> Table:
     return table
 
 
-def leave_one_gpu_out(rows: pd.DataFrame, steps: int, use_cache: bool) -> pd.DataFrame:
+def leave_one_gpu_out(rows: pd.DataFrame, steps: int, use_cache: bool, per_gpu: bool = True) -> pd.DataFrame:
     """Return per-row predictions for each held-out GPU: pred (spec), pred_closest, pred_from_<X>."""
     gpus = sorted(rows["gpu"].unique())
     out = []
@@ -107,15 +108,18 @@ def leave_one_gpu_out(rows: pd.DataFrame, steps: int, use_cache: bool) -> pd.Dat
         task = bar.add_task("leave-one-GPU-out fits", total=len(gpus))
         for held in gpus:
             train = rows[rows["gpu"] != held]
-            params = _fit_cached(f"logo-{held}", train, steps, use_cache)
+            params = _fit_cached(f"logo-{held}-{per_gpu}", train, steps, use_cache, per_gpu)
             test = _predict_rows(rows[rows["gpu"] == held], params, held, use_per_gpu=False)
             others = sorted(g for g in gpus if g != held)
             by_dist = sorted(others, key=lambda g: spec_distance(get_gpu(held), get_gpu(g)))
             test = test.set_index(["workload", "phase", "batch_size"])
+            held_rows = rows[rows["gpu"] == held]
             for x in others:
                 xr = _predict_rows(rows[rows["gpu"] == x], params, x, use_per_gpu=True)
                 xr = xr.set_index(["workload", "phase", "batch_size"])
-                model_y = test["pred"].reindex(xr.index)
+                # as predict_phase does: the held-out GPU borrows X's factors (Note [Borrowed factors])
+                borrowed = _predict_rows(held_rows, borrow_factors(params, held, x), held, use_per_gpu=True)
+                model_y = borrowed.set_index(["workload", "phase", "batch_size"])["pred"].reindex(xr.index)
                 scaled = xr["value"] * model_y / xr["pred"]
                 test[f"pred_from_{x}"] = scaled.reindex(test.index)
             # closest measured GPU that has this row, as predict_phase chooses
@@ -148,9 +152,11 @@ def leave_models_out(rows: pd.DataFrame, steps: int, folds: int, use_cache: bool
 def main() -> None:
     """Run both validations and print the tables."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=150, help="optimiser steps per fit (default 150)")
+    parser.add_argument("--steps", type=int, default=120, help="optimiser steps per fit (default 120)")
     parser.add_argument("--folds", type=int, default=5, help="model folds for leave-models-out (default 5)")
     parser.add_argument("--no-cache", action="store_true", help="refit even when a cached fold fit exists")
+    parser.add_argument("--no-per-gpu", action="store_true", help="LOGO fits without per-GPU factors")
+    parser.add_argument("--skip-lmo", action="store_true", help="skip the leave-models-out part")
     args = parser.parse_args()
     if not DATA.exists():
         raise SystemExit(f"shared data not found: {DATA}")
@@ -160,7 +166,7 @@ def main() -> None:
     console.print(f"{len(rows)} measured forward/backward rows, {rows['gpu'].nunique()} GPUs, "
                   f"{rows['workload'].nunique()} models")
 
-    logo = leave_one_gpu_out(rows, args.steps, not args.no_cache)
+    logo = leave_one_gpu_out(rows, args.steps, not args.no_cache, per_gpu=not args.no_per_gpu)
     table = _table("Leave-one-GPU-out: absolute % error on the held-out GPU")
     for held in sorted(logo["gpu"].unique()):
         sel = logo[logo["gpu"] == held]
@@ -178,10 +184,13 @@ def main() -> None:
                 _row(pairs, f"{held} <- {col.removeprefix('pred_from_')}", _errors(sel.dropna(subset=[col]), col))
     console.print(pairs)
 
-    lmo = leave_models_out(rows, args.steps, args.folds, not args.no_cache)
-    table = _table(f"Leave-models-out ({args.folds} folds over models): spec-model with per-GPU factors")
-    _row(table, "ALL", _errors(lmo))
-    console.print(table)
+    if args.skip_lmo:
+        lmo = logo.iloc[0:0].assign(pred=np.nan)
+    else:
+        lmo = leave_models_out(rows, args.steps, args.folds, not args.no_cache)
+        table = _table(f"Leave-models-out ({args.folds} folds over models): spec-model with per-GPU factors")
+        _row(table, "ALL", _errors(lmo))
+        console.print(table)
 
     worst = Table(title="Per-model worst cases (median abs % error of fwd+bwd; LOGO spec / LOGO closest / LMO)")
     for col in ("model", "LOGO spec med", "LOGO closest med", "LMO med", "worst GPU (LOGO spec)"):
@@ -190,7 +199,8 @@ def main() -> None:
     for model in sorted(rows["workload"].unique()):
         a = logo[logo["workload"] == model]
         b = lmo[lmo["workload"] == model]
-        spec_e, close_e, lmo_e = (_errors(a, "pred")["sum"], _errors(a, "pred_closest")["sum"], _errors(b)["sum"])
+        spec_e, close_e = _errors(a, "pred")["sum"], _errors(a, "pred_closest")["sum"]
+        lmo_e = _errors(b)["sum"] if len(b) else np.array([np.nan])
         per_gpu = {g: np.median(_errors(a[a["gpu"] == g], "pred")["sum"]) for g in a["gpu"].unique()
                    if len(_errors(a[a["gpu"] == g], "pred")["sum"])}
         bad = max(per_gpu, key=lambda g: per_gpu[g]) if per_gpu else "-"

@@ -9,7 +9,13 @@ import torch
 from torch import nn
 
 from gpemu.device.allocator import MIB, EmulatedOutOfMemoryError
-from gpemu.memory import max_batch_size, new_allocator, predict_memory, simulate_training
+from gpemu.memory import (
+    GPEMU_DATA_SEMANTICS,
+    max_batch_size,
+    new_allocator,
+    predict_memory,
+    simulate_training,
+)
 from gpemu.memory.workspaces import cublas_workspace_bytes, parse_workspace_config
 
 
@@ -37,7 +43,7 @@ def test_cublas_workspace_policy() -> None:
     assert cublas_workspace_bytes("v100", config="") == 4096 * 1024 * 2 + 16 * 1024 * 8  # 8519680
     assert cublas_workspace_bytes("h100-sxm5-80gb", config="") == 32 * MIB
     assert parse_workspace_config(":4096:8") == 32 * MIB  # 4096 KiB * 8
-    off = predict_memory("v100", "resnet18", 2, iterations=2)
+    off = predict_memory("v100", "resnet18", 2, iterations=2, cublas_workspace=False)
     on = predict_memory("v100", "resnet18", 2, iterations=2, cublas_workspace=True)
     tags = on["top_allocations_mib"]
     assert isinstance(tags, dict)
@@ -58,7 +64,7 @@ def _measured(shared: Path, gpu: str, model: str, batch: int) -> tuple[float, fl
 @pytest.mark.shared_data
 def test_resnet18_matches_gpemu_measurement(shared_data: Path) -> None:
     peak, persistent = _measured(shared_data, "Tesla_V100-PCIE-32GB", "resnet18", 32)
-    got = predict_memory("v100", "resnet18", 32, source="torchvision")
+    got = predict_memory("v100", "resnet18", 32, source="torchvision", **GPEMU_DATA_SEMANTICS)
     assert abs(float(got["peak_mib"]) / peak - 1) < 0.03  # validation target: median error <= 3 %
     assert abs(float(got["persistent_mib"]) / persistent - 1) < 0.03
 

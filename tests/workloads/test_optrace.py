@@ -69,3 +69,10 @@ def test_batch_linear_extension_matches_a_direct_trace() -> None:
     flops, nbytes = ops.at_batch(8)
     assert flops.sum() == pytest.approx(sum(r.flops for r in direct), rel=1e-9)
     assert nbytes.sum() == pytest.approx(sum(r.bytes for r in direct), rel=1e-9)
+
+
+def test_models_that_compute_in_their_constructor_still_build_on_meta() -> None:
+    from gpemu.workloads.optrace import build_on_meta
+
+    model = build_on_meta("regnet_x_400mf")  # its width schedule calls .item() under torch.device("meta")
+    assert {p.device.type for p in model.parameters()} == {"meta"}

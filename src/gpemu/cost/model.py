@@ -22,7 +22,7 @@ from gpemu.hardware import GPUSpec
 #     kernel_s  = max(compute_s, memory_s) + k0                      (views: 0)
 # i.e. efficiency ramps as F / (F + w_half * SMs): a kernel needs ~w_half FLOPs per SM before it fills the GPU, and
 # the same for bytes. e_c, m_c are per-category ceilings shared by every GPU; a_g, b_g are optional per-GPU factors
-# (1.0 for a GPU that has no measurements: the spec alone predicts it). Host side: every op dispatched costs the
+# (1.0 for a GPU that has no measurements: the spec alone predicts it). m_c has a forward and a backward-phase value. Host side: every op dispatched costs the
 # host h (forward) or h_bwd (loss/backward/step) seconds times the GPU's host factor c_g; views cost h_view. Work is
 # asynchronous, so a phase of ops j=1..n with host times H_j (cumulative) and kernel times d_j ends at
 #     T = t0 + max_j (H_j + d_j + ... + d_n)        (the GPU is either starved by the host or busy)
@@ -34,7 +34,8 @@ from gpemu.hardware import GPUSpec
 MEMORY_CATEGORIES: tuple[str, ...] = tuple(c for c in CATEGORIES if c not in COMPUTE_CATEGORIES)
 SHARED_PARAMS: tuple[str, ...] = (
     "e_conv", "e_conv_bwd", "e_grouped", "e_grouped_bwd", "e_matmul", "w_half", "m_elementwise", "m_norm",
-    "m_other", "b_half", "k0", "h", "h_bwd", "h_view", "t0", "t0_bwd",
+    "m_other", "m_elementwise_bwd", "m_norm_bwd", "m_other_bwd", "b_half", "k0", "h", "h_bwd", "h_view", "t0",
+    "t0_bwd",
 )
 PER_GPU_PARAMS: tuple[str, ...] = ("a", "b", "c")  # compute, memory and host factors
 
@@ -62,6 +63,7 @@ class CostParams:
 
 DEFAULT_SHARED: dict[str, float] = {
     "e_conv": 0.6, "e_conv_bwd": 0.5, "e_grouped": 0.1, "e_grouped_bwd": 0.05, "e_matmul": 0.7, "w_half": 2e6, "m_elementwise": 0.75, "m_norm": 0.6, "m_other": 0.6,
+    "m_elementwise_bwd": 0.75, "m_norm_bwd": 0.6, "m_other_bwd": 0.6,
     "b_half": 2e4, "k0": 3e-6, "h": 2e-5, "h_bwd": 1e-5, "h_view": 3e-6, "t0": 3e-4, "t0_bwd": 1e-3,
 }
 
@@ -95,6 +97,8 @@ def peak_flops(spec: GPUSpec, dtype: str, category: str, tensor_core: bool, tc_r
         if has_tensor_cores(spec):
             return max(native * tc_rel, fp32) if tensor_core and category in COMPUTE_CATEGORIES else fp32
         return native  # packed half2 on CUDA cores (P100)
+    if dtype == "tf32" and category in COMPUTE_CATEGORIES and spec.peak_tflops.get("tf32", 0.0) > 0:
+        return max(spec.peak_tflops["tf32"] * 1e12 * tc_rel, fp32)
     if category == "conv" and spec.peak_tflops.get("tf32", 0.0) > 0:
         return max(spec.peak_tflops["tf32"] * 1e12 * tc_rel, fp32)
     return fp32
@@ -153,7 +157,7 @@ class SpecColumns:
     peak: np.ndarray
     is_kernel: np.ndarray
     compute_param: np.ndarray  # index into COMPUTE_PARAMS, -1 for memory-only ops
-    mem_param: np.ndarray  # index into ("m_elementwise", "m_norm", "m_other")
+    mem_param: np.ndarray  # index into MEMORY_PARAMS
     bw: float
     sm_count: int
 
@@ -161,14 +165,24 @@ class SpecColumns:
 COMPUTE_PARAMS: tuple[str, ...] = ("e_conv", "e_conv_bwd", "e_grouped", "e_grouped_bwd", "e_matmul")
 
 
-def _compute_idx(category: str, name: str) -> int:
+def compute_param_index(category: str, name: str) -> int:
+    """Return the index into COMPUTE_PARAMS for an op (-1 for ops priced by bytes only)."""
     if category in ("matmul", "attention"):
         return 4
     if category in ("conv", "conv_grouped"):
         return (0 if category == "conv" else 2) + int(name.endswith("_backward"))
     return -1
 
-_MEM_IDX = {"m_elementwise": 0, "m_norm": 1, "m_other": 2}
+MEMORY_PARAMS: tuple[str, ...] = ("m_elementwise", "m_norm", "m_other", "m_elementwise_bwd", "m_norm_bwd",
+                                  "m_other_bwd")
+_MEM_IDX = {name: i for i, name in enumerate(MEMORY_PARAMS)}
+
+
+def mem_param(category: str, backward: bool) -> str:
+    """Return the memory-efficiency parameter of an op (backward-phase ops have their own: e.g. max-pool backward
+    is a scatter, far slower per byte than the forward window max)."""
+    return _mem_param(category) + ("_bwd" if backward else "")
+
 
 
 def spec_columns(ops: OpArrays, spec: GPUSpec, tc_rel: float) -> SpecColumns:
@@ -183,8 +197,8 @@ def spec_columns(ops: OpArrays, spec: GPUSpec, tc_rel: float) -> SpecColumns:
     return SpecColumns(
         peak=peaks,
         is_kernel=np.array([c != "view" for c in ops.category]),
-        compute_param=np.array([_compute_idx(c, n) for c, n in zip(ops.category, ops.names, strict=True)]),
-        mem_param=np.array([_MEM_IDX[_mem_param(c)] for c in ops.category]),
+        compute_param=np.array([compute_param_index(c, n) for c, n in zip(ops.category, ops.names, strict=True)]),
+        mem_param=np.array([_MEM_IDX[mem_param(c, bool(ph))] for c, ph in zip(ops.category, ops.phase, strict=True)]),
         bw=spec.memory_bw_gbps * 1e9,
         sm_count=spec.sm_count,
     )
@@ -199,7 +213,7 @@ def kernel_seconds(flops: Any, nbytes: Any, cols: SpecColumns, p: dict[str, Any]
     tensors, so the calibration can differentiate through it)."""
     flops, nbytes = _t(flops), _t(nbytes)
     e = torch.stack([_t(p[k]) for k in COMPUTE_PARAMS])
-    m = torch.stack([_t(p[k]) for k in ("m_elementwise", "m_norm", "m_other")])
+    m = torch.stack([_t(p[k]) for k in MEMORY_PARAMS])
     e_op = e[torch.as_tensor(np.maximum(cols.compute_param, 0))]
     m_op = m[torch.as_tensor(cols.mem_param)]
     has_compute = torch.as_tensor(cols.compute_param >= 0)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -44,6 +46,11 @@ def batch_linear_ops(model: str, dtype: str = "fp32", optimizer: str = "sgd-gpem
     """
     from gpemu.workloads.optrace import trace_training_step
 
+    if dtype == "tf32":  # fp32 tensors; conv/matmul run on TF32 tensor cores (torch.backends.*.allow_tf32 = True)
+        base = batch_linear_ops(model, "fp32", optimizer)
+        compute = {"conv", "conv_grouped", "matmul", "attention"}
+        return replace(base, dtype=["tf32" if c in compute else d for c, d in zip(base.category, base.dtype,
+                                                                                   strict=True)])
     b1, b2 = _BASE_BATCHES
     r1 = trace_training_step(model, b1, dtype, optimizer)
     r2 = trace_training_step(model, b2, dtype, optimizer)
@@ -122,7 +129,9 @@ def _profile_estimate(db: Any, spec: GPUSpec, workload: str, phase: str, batch_s
     if lookup is None:
         return None
     try:
-        est = lookup(spec.key, workload, phase, batch_size, dtype)
+        with warnings.catch_warnings():  # an extrapolated row is discarded below, so its warning is noise here
+            warnings.simplefilter("ignore")
+            est = lookup(spec.key, workload, phase, batch_size, dtype)
     except GpemuError:
         return None
     if est.kind in ("measured", "interpolated"):
@@ -151,6 +160,15 @@ def _measured_on(rows: Any, workload: str, phase: str, batch_size: int, dtype: s
     return out
 
 
+# Note [Borrowed factors]
+# Scaling Y from a measured X uses X's fitted per-GPU factors on both sides when Y has none of its own, so the
+# ratio model(Y)/model(X) is the spec ratio at X's efficiencies: X's peculiarities (its host CPU, its achieved
+# bandwidth) carry over instead of being silently replaced by the fleet average on Y's side only.
+def borrow_factors(params: CostParams, gpu_key: str, from_key: str) -> CostParams:
+    """Return params where `gpu_key` uses the per-GPU factors fitted for `from_key`."""
+    return replace(params, per_gpu={**params.per_gpu, gpu_key: params.per_gpu.get(from_key, {})})
+
+
 def predict_phase(gpu: GPUSpec | str, workload: str, phase: str, batch_size: int, dtype: str = "fp32",
                   db: Any | None = None, params: CostParams | None = None,
                   exclude_gpus: Sequence[str] = ()) -> Estimate:
@@ -175,6 +193,9 @@ def predict_phase(gpu: GPUSpec | str, workload: str, phase: str, batch_size: int
             x_key = min(measured, key=lambda k: spec_distance(spec, get_gpu(k)))
             x_spec = get_gpu(x_key)
             x_model = float(model_phase_seconds(x_spec, workload, phase, [batch_size], dtype, params)[0])
+            if spec.key not in params.per_gpu:  # See Note [Borrowed factors]
+                own = float(model_phase_seconds(spec, workload, phase, [batch_size], dtype,
+                                                borrow_factors(params, spec.key, x_key))[0])
             value = measured[x_key] * own / x_model
             return Estimate(value, "s", "predicted", source=f"{x_key} measured {measured[x_key]:.6g} s x model "
                             f"ratio {own / x_model:.4g}", path=f"scaled-from:{x_key}",

@@ -7,7 +7,14 @@ from typing import Any
 
 import torch
 
-from gpemu.cost.model import COMPUTE_PARAMS, CostParams, _compute_idx, _mem_param, load_params, peak_flops
+from gpemu.cost.model import (
+    COMPUTE_PARAMS,
+    CostParams,
+    compute_param_index,
+    load_params,
+    mem_param,
+    peak_flops,
+)
 from gpemu.cost.registry import OpCost, io_bytes, op_cost
 from gpemu.hardware import GPUSpec
 
@@ -19,14 +26,29 @@ _cache: dict[tuple[Any, ...], float] = {}
 _CACHE_LIMIT = 200_000
 
 
-def _sig(x: Any) -> Any:
-    if isinstance(x, torch.Tensor):
-        return (x.shape, x.dtype)
-    if isinstance(x, (list, tuple)):
-        return tuple(_sig(i) for i in x)
-    if isinstance(x, (int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format)):
-        return x
-    return type(x).__name__
+_Tensor = torch.Tensor
+_SCALARS = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format)
+
+
+def _sig(args: Sequence[Any]) -> tuple[Any, ...]:
+    """Return a hashable signature of op arguments: tensors by (shape, dtype), lists of ints as tuples."""
+    out: list[Any] = []
+    for a in args:
+        if isinstance(a, _Tensor):
+            out.append(a.shape)
+            out.append(a.dtype)
+        elif isinstance(a, (list, tuple)):
+            scalars = True
+            for i in a:
+                if not isinstance(i, _SCALARS):
+                    scalars = False
+                    break
+            out.append(tuple(a) if scalars else _sig(a))
+        elif isinstance(a, _SCALARS):
+            out.append(a)
+        else:
+            out.append(type(a).__name__)
+    return tuple(out)
 
 
 def op_flops(func: Any, args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> int:
@@ -45,19 +67,20 @@ def cost_time_s(cost: OpCost, name: str, spec: GPUSpec, params: CostParams | Non
         return 0.0
     params = params or load_params()
     p, f = params.shared, params.factors(spec)
-    cidx = _compute_idx(cost.category, name)
+    cidx = compute_param_index(cost.category, name)
     compute = 0.0
     if cidx >= 0:
         peak = peak_flops(spec, cost.dtype, cost.category, cost.tensor_core, params.tc_rel)
         compute = (cost.flops + p["w_half"] * spec.sm_count) / (peak * p[COMPUTE_PARAMS[cidx]] * f["a"])
-    memory = (cost.bytes + p["b_half"] * spec.sm_count) / (spec.memory_bw_gbps * 1e9 * p[_mem_param(cost.category)]
-                                                           * f["b"])
+    backward = name.endswith(("_backward", "_backward_data"))  # the phase is unknown here; named grads are bwd
+    m_eff = p[mem_param(cost.category, backward)]
+    memory = (cost.bytes + p["b_half"] * spec.sm_count) / (spec.memory_bw_gbps * 1e9 * m_eff * f["b"])
     return max(compute, memory) + p["k0"]
 
 
 def op_time_s(func: Any, args: Sequence[Any], kwargs: dict[str, Any], out: Any, spec: GPUSpec) -> float:
     """Return one aten op's kernel seconds on `spec` (fitted roofline, no launch overhead), cached by signature."""
-    key = (func, spec.key, _sig(args), _sig(tuple(kwargs.items())) if kwargs else None)
+    key = (func, spec.key, _sig(args), _sig(list(kwargs.values())) + tuple(kwargs) if kwargs else None)
     hit = _cache.get(key)
     if hit is not None:
         return hit

@@ -13,6 +13,7 @@ from torch import nn
 from gpemu.device.allocator import MIB, CachingAllocator, EmulatedOutOfMemoryError
 from gpemu.errors import UnknownNameError
 from gpemu.hardware import GPUSpec, get_gpu
+from gpemu.memory.autograd_compat import legacy_hardtanh
 from gpemu.memory.tracker import MemoryTracker
 from gpemu.memory.workspaces import cublas_workspace_bytes
 
@@ -30,6 +31,8 @@ _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
 #   allocator (see gpemu.memory.workspaces); predict_memory(..., cublas_workspace=True) models that.
 # - the input batch (B x 3 x 224 x 224 fp32) and labels live on the GPU during and after the iteration; the loop
 #   variables `output` and `loss` of the last iteration stay alive after it.
+# - in-place ReLU6/Hardtanh save their result, not a copy of their input (torch <= 1.9; mobilenet_v2 is 44% over
+#   otherwise): see Note [hardtanh_ saves a copy of its input] in gpemu.memory.autograd_compat.
 
 
 @dataclass(frozen=True)
@@ -123,14 +126,16 @@ def simulate_training(
     batch: tuple[torch.Tensor, ...],
     allocator: CachingAllocator,
     iterations: int = 3,
-    set_to_none: bool = False,
+    set_to_none: bool = True,
     cublas_workspace: int = 0,
     loss_fn: Callable[..., torch.Tensor] | None = None,
+    hardtanh_inplace_clone: bool = True,
 ) -> StepMemory:
     """Run `iterations` SGD-momentum training steps of a meta-device model, charging memory to `allocator`.
 
     The model and batch must live on `meta`; their storages are charged first (model.cuda(), then the batch copy).
-    See Note [GPEmu memory semantics].
+    hardtanh_inplace_clone=True keeps the installed torch's autograd (>= 1.10: hardtanh_ saves a copy of its input);
+    False applies torch <= 1.9's rule, which GPEmu's data follow. See Note [GPEmu memory semantics].
     """
     tracker = MemoryTracker(allocator, cublas_workspace_bytes=cublas_workspace)
     params = list(model.parameters())
@@ -146,7 +151,9 @@ def simulate_training(
     output: object = None
     loss: torch.Tensor | None = None
     peak = 0
-    with tracker:
+    with tracker, contextlib.ExitStack() as stack:
+        if not hardtanh_inplace_clone:
+            stack.enter_context(legacy_hardtanh())
         for _ in range(iterations):
             allocator.reset_peak_memory_stats()
             with _module_tags(model, tracker, "forward"):
@@ -197,13 +204,14 @@ def new_allocator(gpu: GPUSpec | str, memory_limit_bytes: int | None = None) -> 
 @functools.lru_cache(maxsize=256)
 def _simulate_cached(
     gpu_key: str, workload: str, batch_size: int, dtype: str, iterations: int, set_to_none: bool,
-    cublas_workspace: bool, capacity_bytes: int | None, source: str = "zoo",
+    cublas_workspace: bool, capacity_bytes: int | None, source: str = "zoo", hardtanh_inplace_clone: bool = False,
 ) -> StepMemory:
     spec = get_gpu(gpu_key)
     allocator = new_allocator(spec, capacity_bytes)
     model, batch = build_workload(workload, batch_size, dtype, source)
     workspace = cublas_workspace_bytes(spec) if cublas_workspace else 0
-    return simulate_training(model, batch, allocator, iterations, set_to_none, workspace, _zoo_loss(workload))
+    return simulate_training(model, batch, allocator, iterations, set_to_none, workspace, _zoo_loss(workload),
+                             hardtanh_inplace_clone)
 
 
 def _zoo_loss(workload: str) -> Callable[..., torch.Tensor] | None:
@@ -215,23 +223,33 @@ def _zoo_loss(workload: str) -> Callable[..., torch.Tensor] | None:
     return functools.partial(loss, workload) if loss is not None else None
 
 
+# The torch of GPEmu's published measurements (<= 1.9): model.zero_grad() kept gradients (set_to_none=False), no
+# cuBLAS workspace went through the caching allocator, and in-place hardtanh_ saved its result. Use it to validate
+# against ../shared/data; use the defaults (the installed torch) for predictions.
+GPEMU_DATA_SEMANTICS: dict[str, bool] = {"set_to_none": False, "cublas_workspace": False, "hardtanh_inplace_clone": False}
+
+
 def predict_memory(
     gpu: GPUSpec | str,
     workload: str,
     batch_size: int,
     dtype: str = "fp32",
     iterations: int = 3,
-    set_to_none: bool = False,
-    cublas_workspace: bool = False,
+    set_to_none: bool = True,
+    cublas_workspace: bool = True,
     source: str = "zoo",
+    hardtanh_inplace_clone: bool = True,
 ) -> dict[str, object]:
     """Return {peak_mib, persistent_mib, reserved_peak_mib, source, ...} for one training iteration, without a GPU.
 
     Simulated with unlimited capacity (so it answers even when the batch would not fit); see max_batch_size().
+    Defaults follow the installed torch (>= 2.0: zero_grad(set_to_none=True), cuBLAS workspace in the caching
+    allocator, in-place hardtanh_ saving a copy of its input); pass **GPEMU_DATA_SEMANTICS to model the older torch
+    that GPEmu's published measurements were taken with (see docs/memory.md).
     """
     spec = get_gpu(gpu)
     mem = _simulate_cached(spec.key, workload, batch_size, dtype, iterations, set_to_none, cublas_workspace, 1 << 60,
-                           source)
+                           source, hardtanh_inplace_clone)
     return {
         "peak_mib": mem.peak_bytes / MIB,
         "persistent_mib": mem.persistent_bytes / MIB,
@@ -243,7 +261,8 @@ def predict_memory(
         "source": (
             f"simulated: {iterations} SGD-momentum training steps on meta tensors through gpemu's CUDA "
             f"caching-allocator model ({dtype}, zero_grad(set_to_none={set_to_none}), "
-            f"cuBLAS workspace {'on' if cublas_workspace else 'off'})"
+            f"cuBLAS workspace {'on' if cublas_workspace else 'off'}, in-place hardtanh_ saves "
+            f"{'a copy of its input' if hardtanh_inplace_clone else 'its result'})"
         ),
     }
 
@@ -254,15 +273,17 @@ def fits(
     batch_size: int,
     dtype: str = "fp32",
     memory_limit_bytes: int | None = None,
-    set_to_none: bool = False,
-    cublas_workspace: bool = False,
+    set_to_none: bool = True,
+    cublas_workspace: bool = True,
     source: str = "zoo",
+    hardtanh_inplace_clone: bool = True,
 ) -> bool:
     """Return True when training `workload` at `batch_size` runs without OOM on the GPU (or a memory limit)."""
     spec = get_gpu(gpu)
     try:
         _simulate_cached(spec.key, workload, batch_size, dtype, 2, set_to_none, cublas_workspace,
-                         memory_limit_bytes if memory_limit_bytes is not None else spec.memory_bytes, source)
+                         memory_limit_bytes if memory_limit_bytes is not None else spec.memory_bytes, source,
+                         hardtanh_inplace_clone)
     except EmulatedOutOfMemoryError:
         return False
     return True
@@ -274,22 +295,24 @@ def max_batch_size(
     dtype: str = "fp32",
     memory_limit_bytes: int | None = None,
     upper: int = 1 << 16,
-    set_to_none: bool = False,
-    cublas_workspace: bool = False,
+    set_to_none: bool = True,
+    cublas_workspace: bool = True,
     source: str = "zoo",
+    hardtanh_inplace_clone: bool = True,
 ) -> int:
     """Return the largest batch size whose training step fits (0 when even batch 1 does not), by bisection."""
 
     def ok(b: int) -> bool:
-        return fits(gpu, workload, b, dtype, memory_limit_bytes, set_to_none, cublas_workspace, source)
+        return fits(gpu, workload, b, dtype, memory_limit_bytes, set_to_none, cublas_workspace, source,
+                    hardtanh_inplace_clone)
 
     if not ok(1):
         return 0
     # Guess from the (near-linear) growth of the unlimited-capacity peak, then bracket and bisect.
     spec = get_gpu(gpu)
     capacity = (memory_limit_bytes if memory_limit_bytes is not None else spec.memory_bytes) - spec.context_mib * MIB
-    one = predict_memory(gpu, workload, 1, dtype, 2, set_to_none, cublas_workspace, source)
-    two = predict_memory(gpu, workload, 2, dtype, 2, set_to_none, cublas_workspace, source)
+    one = predict_memory(gpu, workload, 1, dtype, 2, set_to_none, cublas_workspace, source, hardtanh_inplace_clone)
+    two = predict_memory(gpu, workload, 2, dtype, 2, set_to_none, cublas_workspace, source, hardtanh_inplace_clone)
     per_sample = max(float(two["reserved_peak_mib"]) - float(one["reserved_peak_mib"]), 1e-3) * MIB  # type: ignore[arg-type]
     guess = int(max(1, min(upper, 1 + (capacity - float(one["reserved_peak_mib"]) * MIB) / per_sample)))  # type: ignore[arg-type]
     lo, hi = 1, upper + 1  # ok(lo), not ok(hi)

@@ -15,6 +15,7 @@ from gpemu.hardware import get_gpu
 from gpemu.torch_backend import state
 from gpemu.torch_backend.patches import Patcher, apply
 from gpemu.torch_backend.phases import PhaseLookup, PhaseTracker, model_from_env
+from gpemu.torch_backend.replay import Replayer, patch_module_call, replay_enabled_from_env
 from gpemu.torch_backend.state import Emulation, ValueHook
 
 _patcher: Patcher | None = None
@@ -39,8 +40,12 @@ def install(
     profile_lookup: PhaseLookup | None = None,
     value_hook: ValueHook | None = None,
     nonzero_fraction: float | None = None,
+    replay: bool | None = None,
 ) -> Emulation:
-    """Patch torch so `cuda:0..count-1` are emulated `gpu`s; return the Emulation (devices, stats, trace)."""
+    """Patch torch so `cuda:0..count-1` are emulated `gpu`s; return the Emulation (devices, stats, trace).
+
+    `replay` (default: GPEMU_REPLAY, on unless "0") enables the whole-module replay path; see Note [Replay path].
+    """
     global _patcher
     if state.current_emulation() is not None:
         uninstall()
@@ -56,6 +61,9 @@ def install(
     _patcher = Patcher()
     apply(emu, _patcher)
     _patch_autocast(_patcher, emu)
+    if replay if replay is not None else replay_enabled_from_env():
+        emu.replay = Replayer(emu)
+    patch_module_call(emu, _patcher)
     emu.phases.install()
     emu.phases.warm()
     gc.collect()

@@ -69,8 +69,9 @@ def _patched_to(orig: Callable[..., Any]) -> Callable[..., Any]:
             kwargs.setdefault("dtype", other.dtype)
             args = (other.device, *args[1:])
         copy = bool(kwargs.pop("copy", False))
-        device, dtype, non_blocking, _fmt = torch._C._nn._parse_to(*args, **kwargs)
+        device, dtype, non_blocking, fmt = torch._C._nn._parse_to(*args, **kwargs)
         index = _cuda_index(device)
+        relayout = fmt is not None and fmt != torch.preserve_format
         if isinstance(self, EmuTensor):
             if device is not None and device.type == "cpu":
                 return device_to_host(self, reason="tensor.to(cpu)", dtype=dtype)
@@ -78,11 +79,15 @@ def _patched_to(orig: Callable[..., Any]) -> Callable[..., Any]:
             if index is not None and index != self._index:
                 out = peer_copy(self, index)
             if dtype is not None and dtype != out.dtype:
-                return orig(out, dtype=dtype)
-            return orig(out, dtype=out.dtype, copy=True) if copy and out is self else out
+                out = orig(out, dtype=dtype)
+            elif copy and out is self:
+                out = orig(out, dtype=out.dtype, copy=True)
+            return out.contiguous(memory_format=fmt) if relayout else out
         if index is None:
             return orig(self, *args, copy=copy, **kwargs) if copy else orig(self, *args, **kwargs)
         out = host_to_device(self, index, non_blocking, dtype)
+        if relayout:
+            out = out.contiguous(memory_format=fmt)
         if self.requires_grad and torch.is_grad_enabled():
             out.requires_grad_(True)
         return out

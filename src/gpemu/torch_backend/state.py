@@ -27,6 +27,7 @@ class Emulation:
     autocast_seen: bool = False  # set once torch.autocast("cuda") is entered; enables dtype emulation
     _local: threading.local = field(default_factory=threading.local, repr=False)
     phases: Any = None  # gpemu.torch_backend.phases.PhaseTracker, set by install()
+    replay: Any = None  # gpemu.torch_backend.replay.Replayer, or None when replay is disabled
 
     @property
     def gpu_key(self) -> str:

@@ -123,19 +123,37 @@ class EmuTensor(torch.Tensor):
         return run_op(func, args, kwargs or {})
 
 
+class _StorageRef(weakref.ref):  # type: ignore[type-arg]
+    """A weak reference to one wrapper that releases its storage record when the wrapper dies."""
+
+    __slots__ = ("key",)
+    key: int
+
+
+_refs: set[_StorageRef] = set()  # keeps the references (and so their callbacks) alive
+
+
+def _on_dead(ref: _StorageRef) -> None:
+    _refs.discard(ref)
+    _release(ref.key)
+
+
 def wrap(elem: torch.Tensor, index: int, requires_grad: bool = False, tag: str = "") -> EmuTensor:
     """Return an EmuTensor over the meta tensor `elem` on device `index`, allocating its storage if it is new."""
     out = EmuTensor(elem, index, requires_grad)
-    storage = elem.untyped_storage()
-    key = storage._cdata
+    key = elem.untyped_storage()._cdata
     rec = _live.get(key)
     if rec is None:
         emu = state.require()
-        device = emu.devices[index]
-        handle = device.allocator.malloc(storage.nbytes(), emu.current_stream(index).stream_id, tag)
+        handle = emu.devices[index].allocator.malloc(
+            elem.untyped_storage().nbytes(), emu.current_stream(index).stream_id, tag
+        )
         rec = _live[key] = [handle, 0, index]
     rec[1] += 1
-    weakref.finalize(out, _release, key)
+    # a plain weakref with a callback, not weakref.finalize: ~5x cheaper per tensor. See Note [Host overhead].
+    ref = _StorageRef(out, _on_dead)
+    ref.key = key
+    _refs.add(ref)
     return out
 
 
@@ -172,6 +190,9 @@ for _name in (
     _FREE_OPS.add(getattr(getattr(torch.ops.aten, _packet), _overload))
 
 _cost_cache: dict[Any, float] = {}
+# set by gpemu.torch_backend.replay while it records a top module call: sink(index, name, predicted_s, category,
+# stream_id) sees every charged op. See Note [Replay path].
+record_sink: Any = None
 _mutable: dict[Any, bool] = {}
 
 
@@ -264,6 +285,8 @@ def charge(index: int, func: Any, predicted_s: float, category: str = "kernel") 
     stream = emu.current_stream(index)
     name = func if isinstance(func, str) else func.__name__
     stream.enqueue(duration_s, name, "compute", category, args)
+    if record_sink is not None:
+        record_sink(index, name, predicted_s, category, stream.stream_id)
 
 
 def wrap_outputs(out: Any, index: int, wrappers: dict[int, EmuTensor], func: Any) -> Any:
@@ -286,13 +309,141 @@ def _wrap_one(t: torch.Tensor, index: int, wrappers: dict[int, EmuTensor], func:
         return w
     if t.device.type != "meta":
         return t
-    return wrap(t, index, tag=str(func))
+    return wrap(t, index, tag=_tag(func))
+
+
+_tags: dict[Any, str] = {}
+
+
+def _tag(func: Any) -> str:
+    """Return str(func), cached (OpOverload.__str__ formats a string on every call)."""
+    tag = _tags.get(func)
+    if tag is None:
+        tag = _tags[func] = str(func)
+    return tag
+
+
+# Note [Host overhead]: every aten op on an emulated tensor costs host CPU that a real GPU would not, and that CPU is
+# taken from the script's data pipeline. Measures: C++ meta kernels plus hand-written shape functions for hot ops
+# (shapes.py); gc.freeze() at install; a weakref callback instead of weakref.finalize per wrapper; and the op cache
+# below: per (op, input metadata, scalars, autocast dtype) it remembers the predicted cost and what the op returns
+# - fresh tensors (their sizes, strides, dtypes: rebuilt with empty_strided on meta, no meta kernel), its first
+# argument (in-place ops), None (in-place foreach) - so a repeated op skips unwrapping, the meta kernel and pricing.
+# Views and anything else run the generic path. Whole steps are cheaper still through the replay path (replay.py).
+
+_FRESH, _ARG0, _NONE, _GENERIC = 0, 1, 2, 3
+_OP_CACHE_MAX = 200_000
+_op_cache: dict[Any, tuple[int, Any, float, str, str]] = {}  # key -> (kind, output metadata, cost, name, tag)
+_empty_strided = torch._C._VariableFunctions.empty_strided  # not torch.empty_strided: gpemu patches that one
+_SIMPLE = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout)
+
+
+def _key_of(x: Any) -> Any:
+    """Return a hashable description of one op argument (None when it has none)."""
+    if isinstance(x, EmuTensor):
+        return (x.shape, x.stride(), x.dtype, x._index)
+    if isinstance(x, _SIMPLE):
+        return x
+    if isinstance(x, (list, tuple)):
+        if x and type(x[0]) is EmuTensor:  # foreach / cat: usually all emulated tensors
+            try:
+                return (type(x), tuple([(t.shape, t.stride(), t.dtype, t._index) for t in x]))
+            except AttributeError:  # a None or a CPU tensor in the list
+                pass
+        parts = tuple(_key_of(v) for v in x)
+        return None if None in parts and any(v is not None for v in x) else (type(x), parts)
+    return None
+
+
+def _op_key(func: Any, args: Any, kwargs: Any, emu: Any) -> Any:
+    key = [func, emu.autocast_dtype() if emu.autocast_seen else None]
+    for a in args:
+        k = _key_of(a)
+        if k is None and a is not None:
+            return None
+        key.append(k)
+    if kwargs:
+        for name, v in kwargs.items():
+            k = _key_of(v)
+            if k is None and v is not None:
+                return None
+            key.append(name)
+            key.append(k)
+    return tuple(key)
+
+
+def _first_index(args: Any) -> int | None:
+    for a in args:
+        if isinstance(a, EmuTensor):
+            return a._index
+        if isinstance(a, (list, tuple)) and a and isinstance(a[0], EmuTensor):
+            return a[0]._index  # type: ignore[no-any-return]
+    return None
+
+
+def _out_meta(out: Any, uargs: Any, ukwargs: Any, func: Any) -> tuple[int, Any]:
+    """Return (kind, metadata) describing what `func` returned, for the op cache."""
+    mutable = func._schema.is_mutable
+    if func in _FREE_OPS or func.is_view:
+        return _GENERIC, None
+    if out is None:
+        return (_NONE, None) if mutable else (_GENERIC, None)
+    if mutable and uargs and out is uargs[0]:
+        return _ARG0, None
+    inputs = {t.untyped_storage()._cdata for t in _tensors((uargs, ukwargs))}
+    metas: list[Any] = []
+    for t in out if isinstance(out, (tuple, list)) else (out,):
+        if t is None:
+            metas.append(None)
+            continue
+        if not isinstance(t, torch.Tensor) or t.device.type != "meta" or t.storage_offset():
+            return _GENERIC, None
+        storage = t.untyped_storage()
+        if storage._cdata in inputs or storage.nbytes() != _empty_strided(
+            t.shape, t.stride(), dtype=t.dtype, device=META
+        ).untyped_storage().nbytes():
+            return _GENERIC, None
+        inputs.add(storage._cdata)
+        metas.append((tuple(t.shape), t.stride(), t.dtype))
+    return _FRESH, (metas[0] if isinstance(out, torch.Tensor) else (type(out), tuple(metas)))
+
+
+def _tensors(tree: Any) -> list[torch.Tensor]:
+    if isinstance(tree, torch.Tensor):
+        return [tree]
+    if isinstance(tree, dict):
+        tree = tuple(tree.values())
+    if isinstance(tree, (list, tuple)):
+        return [t for v in tree for t in _tensors(v)]
+    return []
+
+
+def _fresh(meta: Any, index: int, tag: str) -> EmuTensor:
+    return wrap(_empty_strided(meta[0], meta[1], dtype=meta[2], device=META), index, tag=tag)
 
 
 def run_op(func: Any, args: Any, kwargs: Any) -> Any:
     """Run one aten op on emulated tensors: shapes on meta, time on the stream, memory on the allocator."""
-    uargs, ukwargs, index, wrappers = unwrap_all(args, kwargs)
+    if func.is_view and isinstance(args[0], EmuTensor) and not kwargs and all(
+        not isinstance(a, torch.Tensor) for a in args[1:]
+    ):  # a view of one emulated tensor: torch's C++ meta kernel gives the aliasing meta view; no kernel, no memory
+        x = args[0]
+        return wrap_outputs(func(x._elem, *args[1:]), x._index, {}, func)
     emu = state.require()
+    key = _op_key(func, args, kwargs, emu)
+    hit = _op_cache.get(key) if key is not None else None
+    if hit is not None:
+        kind, meta, cost, name, tag = hit
+        index = _first_index(args)
+        if index is not None and kind != _GENERIC:
+            if cost >= 0.0:
+                charge(index, name, cost)
+            if kind == _FRESH:
+                if isinstance(meta[0], tuple):
+                    return _fresh(meta, index, tag)
+                return meta[0](None if m is None else _fresh(m, index, tag) for m in meta[1])
+            return args[0] if kind == _ARG0 else None
+    uargs, ukwargs, index, wrappers = unwrap_all(args, kwargs)
     if emu.autocast_seen:
         from gpemu.torch_backend.autocast import adjust_for_autocast
 
@@ -302,6 +453,13 @@ def run_op(func: Any, args: Any, kwargs: Any) -> Any:
     else:
         cast_s = 0.0
     out = call_meta(func, uargs, ukwargs)
+    cost = -1.0
     if func not in _FREE_OPS and not func.is_view:
-        charge(index, func, op_cost_s(func, uargs, ukwargs, out, index) + cast_s)
+        cost = op_cost_s(func, uargs, ukwargs, out, index) + cast_s
+        charge(index, func, cost)
+    if key is not None:
+        if len(_op_cache) >= _OP_CACHE_MAX:
+            _op_cache.clear()
+        kind, meta = _out_meta(out, uargs, ukwargs, func)
+        _op_cache[key] = (kind, meta, cost, func.__name__, _tag(func))
     return wrap_outputs(out, index, wrappers, func)

@@ -243,6 +243,34 @@ def _trace_uncached(model: nn.Module, name: str, batch_size: int, dtype: str, op
     return recorder.records
 
 
+def build_on_meta(name: str) -> nn.Module:
+    """Return a zoo model whose parameters and buffers live on meta (no memory, no init cost)."""
+    from gpemu.workloads.models import build_model
+
+    try:
+        with torch.device("meta"):
+            return build_model(name)
+    except NotImplementedError:
+        pass  # the constructor computes with tensors (regnet's width schedule): build on CPU, params on meta
+    old_param, old_buffer = nn.Module.register_parameter, nn.Module.register_buffer
+
+    def register_parameter(self: nn.Module, pname: str, param: nn.Parameter | None) -> None:
+        if param is not None and param.device.type != "meta":
+            param = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        old_param(self, pname, param)
+
+    def register_buffer(self: nn.Module, bname: str, tensor: torch.Tensor | None, persistent: bool = True) -> None:
+        old_buffer(self, bname, None if tensor is None else tensor.to("meta"), persistent)
+
+    nn.Module.register_parameter = register_parameter  # type: ignore[method-assign, assignment]
+    nn.Module.register_buffer = register_buffer  # type: ignore[method-assign, assignment]
+    try:
+        return build_model(name)
+    finally:
+        nn.Module.register_parameter = old_param  # type: ignore[method-assign, assignment]
+        nn.Module.register_buffer = old_buffer  # type: ignore[method-assign, assignment]
+
+
 def _cache_dir() -> Path:
     env = os.environ.get("GPEMU_CACHE_DIR")
     if env:
@@ -295,14 +323,11 @@ def trace_training_step(model_name_or_module: str | nn.Module, batch_size: int, 
         if any(p.device.type != "meta" for p in module.parameters()):
             module = module.to("meta")
         return _trace_uncached(module, "<module>", batch_size, dtype, optimizer, inputs_fn)
-    from gpemu.workloads.models import build_model
-
     name = model_name_or_module
     path = _cache_path(name, batch_size, dtype, optimizer)
     if cache and (hit := _load(path)) is not None:
         return hit
-    with torch.device("meta"):
-        module = build_model(name)
+    module = build_on_meta(name)
     records = _trace_uncached(module, name, batch_size, dtype, optimizer)
     if cache:
         with contextlib.suppress(OSError):  # a read-only cache dir costs speed, not correctness
