@@ -20,6 +20,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check src tests bench examples
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
 typecheck: $(STAMP)

@@ -14,12 +14,12 @@ def test_pinned_non_blocking_is_queued_on_the_copy_engine(emu: gt.Emulation) -> 
     spec = emu.devices[0].spec
     src = torch.zeros(64, 1024, 1024, dtype=torch.uint8).pin_memory()  # 64 MiB = 67108864 bytes
     assert src.is_pinned()
-    t0 = time.perf_counter()
     x = src.cuda(non_blocking=True)
-    host_s = time.perf_counter() - t0
+    returned_s = time.perf_counter()
     copy_s = 67108864 / (spec.h2d_pinned_gbps * 1e9)
     assert x.is_cuda
-    assert host_s < copy_s  # the host did not wait for the copy
+    # The host got control back before the copy engine finished the copy: it did not wait for it.
+    assert returned_s < emu.devices[0].engines["h2d"].t_free
     assert emu.devices[0].engines["h2d"].busy_s == pytest.approx(copy_s, rel=1e-9)
     assert emu.devices[0].stats.h2d_bytes == 67108864
 

@@ -259,7 +259,7 @@ def cuda_functions(emu: state.Emulation) -> dict[str, Any]:
         "memory_cached": _mem("memory_reserved"),
         "reset_peak_memory_stats": _mem("reset_peak_memory_stats"),
         "reset_max_memory_allocated": _mem("reset_peak_memory_stats"),
-        "empty_cache": lambda: [d.allocator.empty_cache() for d in emu.devices] and None,
+        "empty_cache": lambda: _empty_caches(emu),
         "mem_get_info": _mem("mem_get_info"),
         "memory_stats": cuda_api.memory_stats,
         "memory_summary": cuda_api.memory_summary,
@@ -280,7 +280,7 @@ def accelerator_functions(emu: state.Emulation) -> dict[str, Any]:
         "current_stream": cuda_api.current_stream,
         "set_stream": cuda_api.set_stream,
         "device_index": cuda_api.DeviceContext,
-        "empty_cache": lambda: [d.allocator.empty_cache() for d in emu.devices] and None,
+        "empty_cache": lambda: _empty_caches(emu),
         "memory_allocated": _mem("memory_allocated"),
         "max_memory_allocated": _mem("max_memory_allocated"),
         "memory_reserved": _mem("memory_reserved"),
@@ -320,3 +320,9 @@ def apply(emu: state.Emulation, patcher: Patcher) -> None:
 
     if hasattr(fu, "_foreach_supported_types"):
         patcher.set(fu, "_foreach_supported_types", [*fu._foreach_supported_types, EmuTensor])
+
+
+def _empty_caches(emu: Any) -> None:
+    """Release every emulated device's cached, unallocated memory (torch.cuda.empty_cache)."""
+    for device in emu.devices:
+        device.allocator.empty_cache()

@@ -11,11 +11,12 @@ custom autograd.Function over (inputs, *parameters) that
 - allocates the recorded saved-activation bytes (held until backward, or until the graph dies) and briefly the
   forward's transient peak, so memory_allocated and its peak follow the per-op path;
 - returns output EmuTensors with the recorded metadata;
-- in backward, charges the recorded backward costs, briefly allocates the backward's transient peak, and returns a
-  gradient EmuTensor for every input and parameter that requires grad (AccumulateGrad and parameter hooks then run
-  as usual: their ops are excluded from the recording and still run per op).
+- in backward, charges the recorded backward costs, briefly allocates the backward's transient peak, and gives a
+  gradient EmuTensor to every input and parameter that requires grad (see Note [Direct gradients]; AccumulateGrad's
+  own ops are excluded from the recording and still run per op).
 Replay falls back to the per-op path (and records anew) when the key changes (batch size, input shape, train/eval,
-parameters), when any module hook or another global module hook is registered, and never replays a call whose
+parameters), when any module hook or another global module hook is registered, for DDP/FSDP wrappers (their
+forward must reach the communication library), and never replays a call whose
 recording saw something it cannot reproduce: host syncs, copies, work on other streams or devices, outputs that
 alias inputs or parameters, or outputs that are not emulated tensors. GPEMU_REPLAY=0 (or install(replay=False))
 disables it.
@@ -39,6 +40,8 @@ from gpemu.torch_backend.tensor import META, EmuTensor, _empty_strided, wrap
 
 _ACCUMULATE_GRAD = "torch::autograd::AccumulateGrad"
 _QUEUE_WAIT = "launch queue full"
+# wrappers whose forward talks to a communication library (DDP's reducer must see every forward): always per op
+_NEVER_REPLAY = frozenset({"DistributedDataParallel", "FullyShardedDataParallel"})
 MEMORY_SLACK_BYTES = 4 * 2**20
 MEMORY_SLACK_FRACTION = 0.02
 MAX_CHUNKS = 4  # work items per replayed phase: enough to show the phase's shape, few enough to be cheap
@@ -262,6 +265,8 @@ class Replayer:
         """Return module(*args, **kwargs): replayed when a matching recording is ready, else per op (recorded)."""
         first = next((a for a in args if isinstance(a, EmuTensor)), None)
         if first is None or self._sink is not None:
+            return orig(module, *args, **kwargs)
+        if type(module).__name__ in _NEVER_REPLAY:
             return orig(module, *args, **kwargs)
         params = list(module.parameters())
         if not params or not _hooks_free(module):

@@ -64,18 +64,18 @@ class EmuTensor(torch.Tensor):
         r._index = index
         return r  # type: ignore[no-any-return]
 
-    @property  # type: ignore[override]
-    def device(self) -> torch.device:
+    @property
+    def device(self) -> torch.device:  # type: ignore[override]
         """Return the emulated CUDA device."""
         return _CUDA_DEVICES[self._index]
 
-    @property  # type: ignore[override]
-    def is_cuda(self) -> bool:
+    @property
+    def is_cuda(self) -> bool:  # type: ignore[override]
         """Return True: the tensor lives on an emulated CUDA device."""
         return True
 
-    @property  # type: ignore[override]
-    def is_meta(self) -> bool:
+    @property
+    def is_meta(self) -> bool:  # type: ignore[override]
         """Return False: scripts must not see the meta backing."""
         return False
 
