@@ -128,6 +128,9 @@ def leave_one_gpu_out(rows: pd.DataFrame, steps: int, use_cache: bool, per_gpu: 
                 col = test[f"pred_from_{x}"]
                 closest = col.where(col.notna(), closest)
             test["pred_closest"] = closest
+            # every measured GPU's scaled prediction, combined by the median of their logs (robust to one bad source)
+            scaled_cols = test[[f"pred_from_{x}" for x in others]]
+            test["pred_median"] = np.exp(np.log(scaled_cols).median(axis=1, skipna=True))
             out.append(test.reset_index())
             bar.advance(task)
     return pd.concat(out)
@@ -172,8 +175,10 @@ def main() -> None:
         sel = logo[logo["gpu"] == held]
         _row(table, f"{held}: spec-model", _errors(sel, "pred"))
         _row(table, f"{held}: scaled-from closest", _errors(sel, "pred_closest"))
+        _row(table, f"{held}: scaled-from all (median)", _errors(sel, "pred_median"))
     _row(table, "ALL: spec-model", _errors(logo, "pred"))
     _row(table, "ALL: scaled-from closest", _errors(logo, "pred_closest"))
+    _row(table, "ALL: scaled-from all (median)", _errors(logo, "pred_median"))
     console.print(table)
 
     pairs = _table("Leave-one-GPU-out: scaled from each measured GPU X (rows = held-out Y <- X)")

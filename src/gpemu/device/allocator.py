@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import itertools
 from bisect import bisect_left, insort
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -49,15 +50,16 @@ class EmulatedOutOfMemoryError(torch.cuda.OutOfMemoryError):
 class Block:
     """A contiguous range of one segment: allocated (handed to a tensor) or cached free."""
 
-    __slots__ = ("addr", "allocated", "handle", "next", "pool_key", "prev", "requested_bytes", "segment", "size_bytes",
-                 "stream_id", "tag")
+    __slots__ = ("addr", "allocated", "free_list", "handle", "next", "prev", "requested_bytes", "segment",
+                 "size_bytes", "small", "stream_id", "tag")
 
-    def __init__(self, addr: int, size_bytes: int, segment: Segment, stream_id: int, pool_key: tuple[bool, int]) -> None:
+    def __init__(self, addr: int, size_bytes: int, segment: Segment, free_list: list[tuple[int, int, Block]]) -> None:
         self.addr = addr
         self.size_bytes = size_bytes
         self.segment = segment
-        self.stream_id = stream_id
-        self.pool_key = pool_key
+        self.stream_id = segment.stream_id
+        self.small = segment.small
+        self.free_list = free_list  # the sorted free list of this block's (pool, stream): where it goes when freed
         self.prev: Block | None = None
         self.next: Block | None = None
         self.allocated = False
@@ -95,57 +97,87 @@ class LiveBlock:
     small_pool: bool
 
 
-# "active" and "active_bytes" equal "allocation" and "allocated_bytes" here (no record_stream): reported as aliases.
-_STAT_NAMES = (
-    "allocation",
-    "segment",
-    "inactive_split",
-    "allocated_bytes",
-    "reserved_bytes",
-    "inactive_split_bytes",
-    "requested_bytes",
-)
+@dataclass
+class PeakWindow:
+    """memory_allocated at the start and end of a peak_window() and its peak in between (bytes)."""
+
+    start_bytes: int
+    peak_bytes: int = 0
+    end_bytes: int = 0
+
+
+# torch stat name -> counter name in _Counters. "active" and "active_bytes" equal "allocation" and "allocated_bytes"
+# here (no record_stream): reported as aliases.
+_STAT_FIELDS = {
+    "allocation": "n_alloc",
+    "segment": "n_seg",
+    "inactive_split": "n_split",
+    "allocated_bytes": "alloc_bytes",
+    "reserved_bytes": "res_bytes",
+    "inactive_split_bytes": "split_bytes",
+    "requested_bytes": "req_bytes",
+}
 _ALIASES = {"active": "allocation", "active_bytes": "allocated_bytes"}
 _POOLS = ("all", "small_pool", "large_pool")
 
+# Note [Allocator counters]
+# malloc/free run for every tensor the emulator creates, so the torch Stat arrays (current/peak/allocated/freed for
+# all, small_pool, large_pool) are kept as plain int slots updated inline, and memory_stats() is built from them on
+# demand. For each stat X, every _Counters (one for all, one per pool) holds X (current) and X_peak; the pool ones
+# also hold X_cum (torch's "allocated": sum of increases since reset_accumulated_memory_stats) and X_base (current
+# at that reset). The rest is derived exactly: all.X_cum = small.X_cum + large.X_cum, and since
+# current = base + allocated - freed, freed = X_base + X_cum - X. The "all" current is kept (not summed) because
+# its peak is checked on every increase and memory_allocated() reads it.
 
-class _Stat:
-    """current/peak/allocated/freed for the all, small_pool and large_pool views (torch's Stat array)."""
 
-    __slots__ = ("allocated", "current", "freed", "peak")
+def _counter_slots() -> tuple[str, ...]:
+    return tuple(f"{n}{s}" for n in _STAT_FIELDS.values() for s in ("", "_peak", "_cum", "_base"))
+
+
+class _Counters:
+    """Current, peak, accumulated and reset-base values of every stat for one view (all, small or large pool)."""
+
+    __slots__ = _counter_slots()
 
     def __init__(self) -> None:
-        self.current = [0, 0, 0]
-        self.peak = [0, 0, 0]
-        self.allocated = [0, 0, 0]
-        self.freed = [0, 0, 0]
-
-    def add(self, pool: int, amount: int) -> None:
-        cur = self.current
-        c0 = cur[0] + amount
-        c = cur[pool] + amount
-        cur[0] = c0
-        cur[pool] = c
-        if amount > 0:
-            allocated = self.allocated
-            allocated[0] += amount
-            allocated[pool] += amount
-            peak = self.peak
-            if c0 > peak[0]:
-                peak[0] = c0
-            if c > peak[pool]:
-                peak[pool] = c
-        else:
-            freed = self.freed
-            freed[0] -= amount
-            freed[pool] -= amount
+        for name in self.__slots__:
+            setattr(self, name, 0)
 
     def reset_peak(self) -> None:
-        self.peak = list(self.current)
+        for name in _STAT_FIELDS.values():
+            setattr(self, name + "_peak", getattr(self, name))
 
     def reset_accumulated(self) -> None:
-        self.allocated = [0, 0, 0]
-        self.freed = [0, 0, 0]
+        for name in _STAT_FIELDS.values():
+            setattr(self, name + "_cum", 0)
+            setattr(self, name + "_base", getattr(self, name))
+
+
+class _Cells:
+    """Index 0/1/2 (all/small/large) of one counter, read (and written) live; see _AllocatedBytesView."""
+
+    __slots__ = ("field", "views")
+
+    def __init__(self, views: tuple[_Counters, _Counters, _Counters], field: str) -> None:
+        self.views = views
+        self.field = field
+
+    def __getitem__(self, i: int) -> int:
+        return int(getattr(self.views[i], self.field))
+
+    def __setitem__(self, i: int, value: int) -> None:
+        setattr(self.views[i], self.field, value)
+
+
+class _AllocatedBytesView:
+    """Compatibility view of the allocated_bytes stat as the old Stat object (.current[i], .peak[i] read/write).
+
+    Prefer begin_peak_window()/end_peak_window(); this stays for callers that poke `allocator._alloc_bytes`.
+    """
+
+    def __init__(self, views: tuple[_Counters, _Counters, _Counters]) -> None:
+        self.current = _Cells(views, "alloc_bytes")
+        self.peak = _Cells(views, "alloc_bytes_peak")
 
 
 def round_size(size_bytes: int) -> int:
@@ -222,53 +254,78 @@ class CachingAllocator:
         self._handles = itertools.count(1)
         self._addrs = itertools.count(1)
         self._live: dict[int, Block] = {}
-        # pool key (small, stream_id) -> sorted list of (size_bytes, addr, block) of cached free blocks
-        self._free: dict[tuple[bool, int], list[tuple[int, int, Block]]] = {}
+        # stream_id -> sorted list of (size_bytes, addr, block) of cached free blocks, one dict per pool
+        self._free_small: dict[int, list[tuple[int, int, Block]]] = {}
+        self._free_large: dict[int, list[tuple[int, int, Block]]] = {}
         self._segments: dict[int, Segment] = {}
-        self._stats = {name: _Stat() for name in _STAT_NAMES}
-        self._alloc_bytes = self._stats["allocated_bytes"]
-        self._req_bytes = self._stats["requested_bytes"]
-        self._n_alloc = self._stats["allocation"]
-        self._n_split = self._stats["inactive_split"]
-        self._split_bytes = self._stats["inactive_split_bytes"]
+        self._all = _Counters()  # See Note [Allocator counters]
+        self._small = _Counters()
+        self._large = _Counters()
         self.num_alloc_retries = 0
         self.num_ooms = 0
         self.num_device_alloc = 0
         self.num_device_free = 0
         self._workspaces: dict[tuple[str, int], int] = {}
 
+    @property
+    def _alloc_bytes(self) -> _AllocatedBytesView:
+        """Return the allocated_bytes stat as the old Stat object (.current[0], .peak[0]); kept for old callers."""
+        return _AllocatedBytesView((self._all, self._small, self._large))
+
     # ---- allocation -------------------------------------------------------------------------------------------
+    # malloc and free are the emulator's hottest host code (one call per tensor): counters are updated inline.
+    # See Note [Allocator counters].
     def malloc(self, size_bytes: int, stream_id: int = 0, tag: str = "") -> int:
         """Allocate `size_bytes` and return a handle; raise EmulatedOutOfMemoryError when it would not fit."""
         if size_bytes == 0:
             return 0  # torch hands out a null pointer for empty tensors and counts nothing
-        size = MIN_BLOCK_BYTES if size_bytes < MIN_BLOCK_BYTES else -(-size_bytes // MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES
+        size = (size_bytes + 511) & -512 if size_bytes > MIN_BLOCK_BYTES else MIN_BLOCK_BYTES  # round_size
         small = size <= SMALL_SIZE_BYTES
-        key = (small, stream_id)
-        pool = 1 if small else 2
-        free = self._free.get(key)
+        if small:
+            pc = self._small
+            free = self._free_small.get(stream_id)
+        else:
+            pc = self._large
+            free = self._free_large.get(stream_id)
+        ac = self._all
         block: Block | None = None
         if free:
             i = bisect_left(free, (size,))
             if i < len(free):
                 block = free.pop(i)[2]
                 if block.prev is not None or block.next is not None:  # it was an inactive split block
-                    self._n_split.add(pool, -1)
-                    self._split_bytes.add(pool, -block.size_bytes)
+                    bsize = block.size_bytes
+                    pc.n_split -= 1
+                    ac.n_split -= 1
+                    pc.split_bytes -= bsize
+                    ac.split_bytes -= bsize
         if block is None:
-            block = self._new_segment(size, small, stream_id, key)
+            block = self._new_segment(size, small, stream_id)
         remaining = block.size_bytes - size
-        if (small and remaining >= MIN_BLOCK_BYTES) or (not small and remaining > SMALL_SIZE_BYTES):
-            rest = Block(block.addr + size, remaining, block.segment, stream_id, key)
+        if remaining >= MIN_BLOCK_BYTES if small else remaining > SMALL_SIZE_BYTES:
+            free = block.free_list
+            rest = Block(block.addr + size, remaining, block.segment, free)
             rest.prev = block
-            rest.next = block.next
-            if block.next is not None:
-                block.next.prev = rest
+            nxt = rest.next = block.next
+            if nxt is not None:
+                nxt.prev = rest
             block.next = rest
             block.size_bytes = size
-            insort(self._free.setdefault(key, []), (remaining, rest.addr, rest))
-            self._n_split.add(pool, 1)
-            self._split_bytes.add(pool, remaining)
+            insort(free, (remaining, rest.addr, rest))
+            pc.n_split = c = pc.n_split + 1
+            if c > pc.n_split_peak:
+                pc.n_split_peak = c
+            pc.n_split_cum += 1
+            ac.n_split = c = ac.n_split + 1
+            if c > ac.n_split_peak:
+                ac.n_split_peak = c
+            pc.split_bytes = c = pc.split_bytes + remaining
+            if c > pc.split_bytes_peak:
+                pc.split_bytes_peak = c
+            pc.split_bytes_cum += remaining
+            ac.split_bytes = c = ac.split_bytes + remaining
+            if c > ac.split_bytes_peak:
+                ac.split_bytes_peak = c
         block.allocated = True
         block.requested_bytes = size_bytes
         block.tag = tag
@@ -276,14 +333,32 @@ class CachingAllocator:
         block.handle = handle
         self._live[handle] = block
         bsize = block.size_bytes
-        self._alloc_bytes.add(pool, bsize)
-        self._req_bytes.add(pool, size_bytes)
-        self._n_alloc.add(pool, 1)
+        pc.alloc_bytes = c = pc.alloc_bytes + bsize
+        if c > pc.alloc_bytes_peak:
+            pc.alloc_bytes_peak = c
+        pc.alloc_bytes_cum += bsize
+        ac.alloc_bytes = allocated = ac.alloc_bytes + bsize
+        if allocated > ac.alloc_bytes_peak:
+            ac.alloc_bytes_peak = allocated
+        pc.req_bytes = c = pc.req_bytes + size_bytes
+        if c > pc.req_bytes_peak:
+            pc.req_bytes_peak = c
+        pc.req_bytes_cum += size_bytes
+        ac.req_bytes = c = ac.req_bytes + size_bytes
+        if c > ac.req_bytes_peak:
+            ac.req_bytes_peak = c
+        pc.n_alloc = c = pc.n_alloc + 1
+        if c > pc.n_alloc_peak:
+            pc.n_alloc_peak = c
+        pc.n_alloc_cum += 1
+        ac.n_alloc = c = ac.n_alloc + 1
+        if c > ac.n_alloc_peak:
+            ac.n_alloc_peak = c
         if self.on_change is not None:
-            self.on_change(self._alloc_bytes.current[0], self._stats["reserved_bytes"].current[0])
+            self.on_change(allocated, ac.res_bytes)
         return handle
 
-    def _new_segment(self, size: int, small: bool, stream_id: int, key: tuple[bool, int]) -> Block:
+    def _new_segment(self, size: int, small: bool, stream_id: int) -> Block:
         seg_bytes = segment_size(size)
         if not self._device_alloc(seg_bytes):
             # release_cached_blocks() then retry (CUDACachingAllocator: alloc_block(..., isRetry=true))
@@ -294,12 +369,21 @@ class CachingAllocator:
                 raise EmulatedOutOfMemoryError(self._oom_message(size))
         addr = next(self._addrs) << 40
         segment = Segment(addr, seg_bytes, stream_id, small)
-        block = Block(addr, seg_bytes, segment, stream_id, key)
+        lists = self._free_small if small else self._free_large
+        free = lists.get(stream_id)
+        if free is None:
+            free = lists[stream_id] = []
+        block = Block(addr, seg_bytes, segment, free)
         segment.head = block
         self._segments[addr] = segment
-        pool = 1 if small else 2
-        self._stats["reserved_bytes"].add(pool, seg_bytes)
-        self._stats["segment"].add(pool, 1)
+        pc = self._small if small else self._large
+        for view in (pc, self._all):
+            view.res_bytes += seg_bytes
+            view.res_bytes_peak = max(view.res_bytes_peak, view.res_bytes)
+            view.n_seg += 1
+            view.n_seg_peak = max(view.n_seg_peak, view.n_seg)
+        pc.res_bytes_cum += seg_bytes
+        pc.n_seg_cum += 1
         return block
 
     def _device_alloc(self, seg_bytes: int) -> bool:
@@ -315,40 +399,65 @@ class CachingAllocator:
         block = self._live.pop(handle, None)
         if block is None:
             return
-        small = block.segment.small
-        pool = 1 if small else 2
+        pc = self._small if block.small else self._large
+        ac = self._all
         bsize = block.size_bytes
-        self._alloc_bytes.add(pool, -bsize)
-        self._req_bytes.add(pool, -block.requested_bytes)
-        self._n_alloc.add(pool, -1)
+        pc.alloc_bytes -= bsize
+        ac.alloc_bytes -= bsize
+        req = block.requested_bytes
+        pc.req_bytes -= req
+        ac.req_bytes -= req
+        pc.n_alloc -= 1
+        ac.n_alloc -= 1
         block.allocated = False
         block.tag = ""
-        free = self._free.setdefault(block.pool_key, [])
-        inactive = self._n_split
-        inactive_bytes = self._split_bytes
-        for nb in (block.prev, block.next):
-            if nb is not None and not nb.allocated:
-                del free[bisect_left(free, (nb.size_bytes, nb.addr))]
-                inactive.add(pool, -1)
-                inactive_bytes.add(pool, -nb.size_bytes)
-                if nb is block.prev:
-                    block.addr = nb.addr
-                    block.prev = nb.prev
-                    if nb.prev is not None:
-                        nb.prev.next = block
-                    else:
-                        block.segment.head = block
-                else:
-                    block.next = nb.next
-                    if nb.next is not None:
-                        nb.next.prev = block
-                block.size_bytes += nb.size_bytes
-        insort(free, (block.size_bytes, block.addr, block))
-        if block.prev is not None or block.next is not None:
-            inactive.add(pool, 1)
-            inactive_bytes.add(pool, block.size_bytes)
+        free = block.free_list
+        prev = block.prev
+        if prev is not None and not prev.allocated:  # merge with the free block before
+            nsize = prev.size_bytes
+            del free[bisect_left(free, (nsize, prev.addr))]
+            pc.n_split -= 1
+            ac.n_split -= 1
+            pc.split_bytes -= nsize
+            ac.split_bytes -= nsize
+            block.addr = prev.addr
+            prev = block.prev = prev.prev
+            if prev is not None:
+                prev.next = block
+            else:
+                block.segment.head = block
+            bsize += nsize
+        nxt = block.next
+        if nxt is not None and not nxt.allocated:  # merge with the free block after
+            nsize = nxt.size_bytes
+            del free[bisect_left(free, (nsize, nxt.addr))]
+            pc.n_split -= 1
+            ac.n_split -= 1
+            pc.split_bytes -= nsize
+            ac.split_bytes -= nsize
+            nxt = block.next = nxt.next
+            if nxt is not None:
+                nxt.prev = block
+            bsize += nsize
+        block.size_bytes = bsize
+        insort(free, (bsize, block.addr, block))
+        if prev is not None or nxt is not None:  # still part of a split segment: an inactive split block
+            pc.n_split = c = pc.n_split + 1
+            if c > pc.n_split_peak:
+                pc.n_split_peak = c
+            pc.n_split_cum += 1
+            ac.n_split = c = ac.n_split + 1
+            if c > ac.n_split_peak:
+                ac.n_split_peak = c
+            pc.split_bytes = c = pc.split_bytes + bsize
+            if c > pc.split_bytes_peak:
+                pc.split_bytes_peak = c
+            pc.split_bytes_cum += bsize
+            ac.split_bytes = c = ac.split_bytes + bsize
+            if c > ac.split_bytes_peak:
+                ac.split_bytes_peak = c
         if self.on_change is not None:
-            self.on_change(self._alloc_bytes.current[0], self._stats["reserved_bytes"].current[0])
+            self.on_change(ac.alloc_bytes, ac.res_bytes)
 
     def _release_cached_segments(self) -> None:
         for addr, segment in list(self._segments.items()):
@@ -356,14 +465,45 @@ class CachingAllocator:
                 continue
             head = segment.head
             assert head is not None
-            free = self._free[head.pool_key]
+            free = head.free_list
             del free[bisect_left(free, (head.size_bytes, head.addr))]
             del self._segments[addr]
-            pool = 1 if segment.small else 2
-            self._stats["reserved_bytes"].add(pool, -segment.size_bytes)
-            self._stats["segment"].add(pool, -1)
+            pc = self._small if segment.small else self._large
+            for view in (pc, self._all):
+                view.res_bytes -= segment.size_bytes
+                view.n_seg -= 1
             self.device_memory.used_bytes -= segment.size_bytes
             self.num_device_free += 1
+
+    # ---- peak windows -----------------------------------------------------------------------------------------
+    def begin_peak_window(self) -> int:
+        """Start measuring the peak of memory_allocated from now; return the token end_peak_window needs.
+
+        Windows may nest; reset_peak_memory_stats() inside a window also resets the window's peak.
+        """
+        token = self._all.alloc_bytes_peak
+        self._all.alloc_bytes_peak = self._all.alloc_bytes
+        return token
+
+    def end_peak_window(self, token: int) -> int:
+        """Return the peak of memory_allocated since begin_peak_window(); restore max_memory_allocated to the max of
+        the peak before the window and the window's peak."""
+        ac = self._all
+        peak = ac.alloc_bytes_peak
+        if token > peak:
+            ac.alloc_bytes_peak = token
+        return peak
+
+    @contextmanager
+    def peak_window(self) -> Iterator[PeakWindow]:
+        """Return (as a context manager) a PeakWindow whose start/peak/end bytes are filled in on exit."""
+        window = PeakWindow(self._all.alloc_bytes)
+        token = self.begin_peak_window()
+        try:
+            yield window
+        finally:
+            window.end_bytes = self._all.alloc_bytes
+            window.peak_bytes = self.end_peak_window(token)
 
     def ensure_workspace(self, kind: str, stream_id: int, size_bytes: int) -> int:
         """Allocate a library workspace once per (kind, stream) and keep it live; return its handle.
@@ -380,8 +520,8 @@ class CachingAllocator:
     # ---- errors -----------------------------------------------------------------------------------------------
     def _oom_message(self, rounded: int) -> str:
         mem = self.device_memory
-        allocated = self._alloc_bytes.current[0]
-        reserved = self._stats["reserved_bytes"].current[0]
+        allocated = self._all.alloc_bytes
+        reserved = self._all.res_bytes
         return (
             f"CUDA out of memory. Tried to allocate {format_size(rounded)}. GPU {self.device_index} has a total "
             f"capacity of {format_size(mem.capacity_bytes)} of which {format_size(mem.free_bytes())} is free. "
@@ -396,29 +536,29 @@ class CachingAllocator:
     # ---- torch.cuda memory API --------------------------------------------------------------------------------
     def memory_allocated(self) -> int:
         """Return bytes currently allocated to tensors."""
-        return self._alloc_bytes.current[0]
+        return self._all.alloc_bytes
 
     def max_memory_allocated(self) -> int:
         """Return the peak of memory_allocated since the last reset."""
-        return self._alloc_bytes.peak[0]
+        return self._all.alloc_bytes_peak
 
     def memory_reserved(self) -> int:
         """Return bytes held by the caching allocator."""
-        return self._stats["reserved_bytes"].current[0]
+        return self._all.res_bytes
 
     def max_memory_reserved(self) -> int:
         """Return the peak of memory_reserved since the last reset."""
-        return self._stats["reserved_bytes"].peak[0]
+        return self._all.res_bytes_peak
 
     def reset_peak_memory_stats(self) -> None:
         """Reset every peak to its current value."""
-        for stat in self._stats.values():
-            stat.reset_peak()
+        for view in (self._all, self._small, self._large):
+            view.reset_peak()
 
     def reset_accumulated_memory_stats(self) -> None:
         """Reset the cumulative allocated/freed counters and the retry/OOM counts."""
-        for stat in self._stats.values():
-            stat.reset_accumulated()
+        for view in (self._all, self._small, self._large):
+            view.reset_accumulated()
         self.num_alloc_retries = self.num_ooms = self.num_device_alloc = self.num_device_free = 0
 
     def empty_cache(self) -> None:
@@ -434,13 +574,18 @@ class CachingAllocator:
     def memory_stats(self) -> dict[str, int]:
         """Return the counters torch.cuda.memory_stats() returns, under the same key names."""
         out: dict[str, int] = {}
-        named = list(self._stats.items()) + [(alias, self._stats[name]) for alias, name in _ALIASES.items()]
-        for name, stat in named:
+        named = list(_STAT_FIELDS.items()) + [(alias, _STAT_FIELDS[name]) for alias, name in _ALIASES.items()]
+        views = (self._small, self._large)
+        for name, field_ in named:
+            current = [getattr(v, field_) for v in views]
+            accumulated = [getattr(v, field_ + "_cum") for v in views]
+            freed = [getattr(v, field_ + "_base") + a - c for v, a, c in zip(views, accumulated, current, strict=True)]
+            peaks = [getattr(v, field_ + "_peak") for v in (self._all, *views)]
             for i, pool in enumerate(_POOLS):
-                out[f"{name}.{pool}.current"] = stat.current[i]
-                out[f"{name}.{pool}.peak"] = stat.peak[i]
-                out[f"{name}.{pool}.allocated"] = stat.allocated[i]
-                out[f"{name}.{pool}.freed"] = stat.freed[i]
+                out[f"{name}.{pool}.current"] = getattr(self._all, field_) if i == 0 else current[i - 1]
+                out[f"{name}.{pool}.peak"] = peaks[i]
+                out[f"{name}.{pool}.allocated"] = sum(accumulated) if i == 0 else accumulated[i - 1]
+                out[f"{name}.{pool}.freed"] = sum(freed) if i == 0 else freed[i - 1]
         for name in ("oversize_allocations", "oversize_segments"):
             for field_ in ("current", "peak", "allocated", "freed"):
                 out[f"{name}.{field_}"] = 0
