@@ -118,12 +118,18 @@ def main() -> int:
 
 def _max_batch_table(console: Console, rows: dict[tuple[str, str, int], dict[str, float]],
                      wanted: set[str] | None, failed: dict[str, str]) -> None:
+    # The largest batch GPEmu could run = the largest batch with a MEASURED forward time: beyond the first OOM it filled
+    # the times with a straight line (measured=0). The memory rows' flags are not reliable for this (some rows flagged
+    # measured exceed the card's capacity), so they are not used here.
     largest: dict[tuple[str, str], int] = {}
-    for (gpu, model, b) in rows:
-        if wanted is None or model in wanted:
-            largest[(gpu, model)] = max(largest.get((gpu, model), 0), b)
-    table = Table(title="Largest batch that fits (predicted, capped at 256) vs largest measured batch")
-    for col in ("GPU", "model", "predicted max", "largest measured", "agrees"):
+    with (DATA / "ROWS.csv").open(encoding="utf-8") as fh:
+        for row in csv.DictReader(fh):
+            if row["kind"] == "forward" and row["measured"].strip() == "1":
+                gpu, model = row["gpu"], row["model"]
+                if (wanted is None or model in wanted) and any(k[0] == gpu and k[1] == model for k in rows):
+                    largest[(gpu, model)] = max(largest.get((gpu, model), 0), int(float(row["batch_size"])))
+    table = Table(title="Largest batch that fits (predicted, capped at 256) vs largest batch with a measured time")
+    for col in ("GPU", "model", "predicted max", "largest run", "agrees"):
         table.add_column(col)
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("bisecting max batch size", total=len(largest))

@@ -130,14 +130,38 @@ _POOLS = ("all", "small_pool", "large_pool")
 # its peak is checked on every increase and memory_allocated() reads it.
 
 
-def _counter_slots() -> tuple[str, ...]:
-    return tuple(f"{n}{s}" for n in _STAT_FIELDS.values() for s in ("", "_peak", "_cum", "_base"))
-
-
 class _Counters:
     """Current, peak, accumulated and reset-base values of every stat for one view (all, small or large pool)."""
 
-    __slots__ = _counter_slots()
+    __slots__ = tuple(f"{n}{s}" for n in _STAT_FIELDS.values() for s in ("", "_peak", "_cum", "_base"))
+    n_alloc: int
+    n_alloc_peak: int
+    n_alloc_cum: int
+    n_alloc_base: int
+    n_seg: int
+    n_seg_peak: int
+    n_seg_cum: int
+    n_seg_base: int
+    n_split: int
+    n_split_peak: int
+    n_split_cum: int
+    n_split_base: int
+    alloc_bytes: int
+    alloc_bytes_peak: int
+    alloc_bytes_cum: int
+    alloc_bytes_base: int
+    res_bytes: int
+    res_bytes_peak: int
+    res_bytes_cum: int
+    res_bytes_base: int
+    split_bytes: int
+    split_bytes_peak: int
+    split_bytes_cum: int
+    split_bytes_base: int
+    req_bytes: int
+    req_bytes_peak: int
+    req_bytes_cum: int
+    req_bytes_base: int
 
     def __init__(self) -> None:
         for name in self.__slots__:
@@ -258,6 +282,7 @@ class CachingAllocator:
         self._free_small: dict[int, list[tuple[int, int, Block]]] = {}
         self._free_large: dict[int, list[tuple[int, int, Block]]] = {}
         self._segments: dict[int, Segment] = {}
+        self._spare: list[Block] = []  # Blocks merged away by free(), reused by malloc's splits
         self._all = _Counters()  # See Note [Allocator counters]
         self._small = _Counters()
         self._large = _Counters()
@@ -304,7 +329,17 @@ class CachingAllocator:
         remaining = block.size_bytes - size
         if remaining >= MIN_BLOCK_BYTES if small else remaining > SMALL_SIZE_BYTES:
             free = block.free_list
-            rest = Block(block.addr + size, remaining, block.segment, free)
+            spare = self._spare
+            if spare:  # recycle a Block merged away by free(): cheaper than a new object
+                rest = spare.pop()
+                rest.addr = block.addr + size
+                rest.size_bytes = remaining
+                rest.segment = block.segment
+                rest.stream_id = block.stream_id
+                rest.small = small
+                rest.free_list = free
+            else:
+                rest = Block(block.addr + size, remaining, block.segment, free)
             rest.prev = block
             nxt = rest.next = block.next
             if nxt is not None:
@@ -421,6 +456,7 @@ class CachingAllocator:
             pc.split_bytes -= nsize
             ac.split_bytes -= nsize
             block.addr = prev.addr
+            self._spare.append(prev)
             prev = block.prev = prev.prev
             if prev is not None:
                 prev.next = block
@@ -435,6 +471,7 @@ class CachingAllocator:
             ac.n_split -= 1
             pc.split_bytes -= nsize
             ac.split_bytes -= nsize
+            self._spare.append(nxt)  # merged away: unlinked, free (allocated False, tag "")
             nxt = block.next = nxt.next
             if nxt is not None:
                 nxt.prev = block

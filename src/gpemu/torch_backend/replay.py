@@ -107,17 +107,15 @@ class _Window:
 
     def __init__(self, device: Any) -> None:
         self.device = device
-        self.stat = device.allocator._alloc_bytes  # the allocated_bytes Stat: current[0], peak[0]
-        self.start = self.stat.current[0]
-        self.saved_peak = self.stat.peak[0]
-        self.stat.peak[0] = self.start
+        self.allocator = device.allocator
+        self.start = self.allocator.memory_allocated()
+        self.token = self.allocator.begin_peak_window()
         self.effects = _effects(device)
 
     def close(self) -> tuple[int, int]:
         """Return (bytes allocated at close, peak allocated inside the window); restore the running peak."""
-        end, peak = self.stat.current[0], self.stat.peak[0]
-        self.stat.peak[0] = max(peak, self.saved_peak)
-        return end, peak
+        end = self.allocator.memory_allocated()
+        return end, self.allocator.end_peak_window(self.token)
 
     def clean(self, charged: int) -> bool:
         """Return True when the window saw exactly `charged` work items, no copies and no host syncs."""
