@@ -347,20 +347,7 @@ class CachingAllocator:
             block.next = rest
             block.size_bytes = size
             insort(free, (remaining, rest.addr, rest))
-            pc.n_split = c = pc.n_split + 1
-            if c > pc.n_split_peak:
-                pc.n_split_peak = c
-            pc.n_split_cum += 1
-            ac.n_split = c = ac.n_split + 1
-            if c > ac.n_split_peak:
-                ac.n_split_peak = c
-            pc.split_bytes = c = pc.split_bytes + remaining
-            if c > pc.split_bytes_peak:
-                pc.split_bytes_peak = c
-            pc.split_bytes_cum += remaining
-            ac.split_bytes = c = ac.split_bytes + remaining
-            if c > ac.split_bytes_peak:
-                ac.split_bytes_peak = c
+            _add_inactive_split(pc, ac, remaining)
         block.allocated = True
         block.requested_bytes = size_bytes
         block.tag = tag
@@ -479,20 +466,7 @@ class CachingAllocator:
         block.size_bytes = bsize
         insort(free, (bsize, block.addr, block))
         if prev is not None or nxt is not None:  # still part of a split segment: an inactive split block
-            pc.n_split = c = pc.n_split + 1
-            if c > pc.n_split_peak:
-                pc.n_split_peak = c
-            pc.n_split_cum += 1
-            ac.n_split = c = ac.n_split + 1
-            if c > ac.n_split_peak:
-                ac.n_split_peak = c
-            pc.split_bytes = c = pc.split_bytes + bsize
-            if c > pc.split_bytes_peak:
-                pc.split_bytes_peak = c
-            pc.split_bytes_cum += bsize
-            ac.split_bytes = c = ac.split_bytes + bsize
-            if c > ac.split_bytes_peak:
-                ac.split_bytes_peak = c
+            _add_inactive_split(pc, ac, bsize)
         if self.on_change is not None:
             self.on_change(ac.alloc_bytes, ac.res_bytes)
 
@@ -697,3 +671,21 @@ def _fmt_cell(value: int, is_bytes: bool) -> str:
         if abs(value) >= scale * 10 or (unit == "KiB" and abs(value) >= 1024):
             return f"{value // scale:>6d} {unit}"
     return f"{value:>8d} B"
+
+
+def _add_inactive_split(pool: _Counters, all_: _Counters, size_bytes: int) -> None:
+    """Count one more inactive split block of `size_bytes` in a pool's counters and in the 'all' counters."""
+    pool.n_split = c = pool.n_split + 1
+    if c > pool.n_split_peak:
+        pool.n_split_peak = c
+    pool.n_split_cum += 1
+    all_.n_split = c = all_.n_split + 1
+    if c > all_.n_split_peak:
+        all_.n_split_peak = c
+    pool.split_bytes = c = pool.split_bytes + size_bytes
+    if c > pool.split_bytes_peak:
+        pool.split_bytes_peak = c
+    pool.split_bytes_cum += size_bytes
+    all_.split_bytes = c = all_.split_bytes + size_bytes
+    if c > all_.split_bytes_peak:
+        all_.split_bytes_peak = c
