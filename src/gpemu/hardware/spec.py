@@ -44,11 +44,16 @@ class GPUSpec:
     launch_overhead_us: float  # host-to-GPU launch latency of one kernel
     context_mib: float  # device memory the CUDA context + cuBLAS/cuDNN handles take before any tensor
     tdp_w: float = 0.0
+    # What CUDA reports as the device's total memory (cudaMemGetInfo, get_device_properties().total_memory), in MiB;
+    # below the marketing figure (ECC and driver reservations). 0.0 = not known: memory_gib is used.
+    total_memory_mib: float = 0.0
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
     @property
     def memory_bytes(self) -> int:
-        """Total device memory in bytes."""
+        """Return the device memory CUDA reports in bytes (total_memory_mib when known, else memory_gib)."""
+        if self.total_memory_mib > 0:
+            return int(self.total_memory_mib * 1024**2)
         return int(self.memory_gib * 1024**3)
 
     def peak_flops(self, dtype: str) -> float:
