@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/gpemu demo --iters 8
+	$(BIN)/gpemu demo --iters 20
 
 test: $(STAMP)
 	$(BIN)/ruff check src tests bench examples

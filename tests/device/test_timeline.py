@@ -72,3 +72,20 @@ def test_stream_wait_event_orders_across_streams(gpu: EmulatedGPU) -> None:
     compute.wait_event(ev)
     k = compute.enqueue(0.010, "k")
     assert k.start_s >= c.end_s
+
+
+def test_a_multi_launch_item_occupies_that_many_queue_slots() -> None:
+    gpu = EmulatedGPU("v100", clock=ManualClock(), launch_queue_depth=4)
+    s = gpu.default_stream
+    s.enqueue(0.003, "replayed phase", launches=3)  # 3 kernels ending at 1.005, 2.005, 3.005 ms
+    assert gpu.clock.now() == 0.0
+    s.enqueue(0.003, "next phase", launches=3)  # 3 pending + 3 new > 4 slots: wait until 2 of the first finish
+    assert gpu.clock.now() == pytest.approx(5e-6 + 0.002)
+
+
+def test_more_launches_than_the_queue_holds_block_until_the_tail_fits() -> None:
+    gpu = EmulatedGPU("v100", clock=ManualClock(), launch_queue_depth=4)
+    work = gpu.default_stream.enqueue(0.008, "big phase", launches=8)
+    # The host queues 4 launches, then one more each time one finishes: it returns after 8 - 4 = 4 of the 8 kernels
+    # (1 ms each) have finished, at 5 us + 4 ms.
+    assert gpu.clock.now() == pytest.approx(work.start_s + 0.004)

@@ -71,34 +71,52 @@ class Stream:
         engine: EngineName = "compute",
         category: str = "kernel",
         args: dict[str, object] | None = None,
+        launches: int = 1,
     ) -> Work:
-        """Launch work of `duration_s` on `engine`; return at once with the scheduled Work (start/end on the timeline)."""
+        """Launch work of `duration_s` on `engine`; return at once with the scheduled Work (start/end on the timeline).
+
+        `launches` is how many kernel launches the item stands for (a replayed phase stands for all of its kernels):
+        they occupy that many launch-queue slots, finishing evenly over the item. See Note [Launch queue].
+        """
         clock = self.device.clock
-        self._wait_for_queue_slot()
+        launches = max(1, launches)
+        depth = self.device.launch_queue_depth
+        self._wait_for_queue_slots(min(launches, depth))
         with self.device.lock:
             now = clock.now()
             eng = self.device.engines[engine]
             launch_latency_s = self.device.spec.launch_overhead_us * 1e-6 if engine == "compute" else 0.0
             start = max(now + launch_latency_s, self.t_done, eng.t_free)
-            end = start + max(0.0, duration_s)
+            span_s = max(0.0, duration_s)
+            end = start + span_s
             self.t_done = end
             eng.t_free = end
             eng.busy_s += end - start
-            self._pending.append(end)
+            if launches == 1:
+                self._pending.append(end)
+            else:
+                self._pending.extend(start + span_s * (i + 1) / launches for i in range(launches))
             work = Work(name, engine, self.stream_id, self.device.index, now, start, end, category, args or {})
             self.device._record(work)
+        if launches > depth:
+            # The host issued the first `depth` launches, then blocked on each later one until a slot freed: it got
+            # back control when the last launch was queued, i.e. once `launches - depth` of them had finished.
+            self.device.host_wait(start + span_s * (launches - depth) / launches, reason="launch queue full")
         return work
 
-    def _wait_for_queue_slot(self) -> None:
+    def _wait_for_queue_slots(self, slots: int = 1) -> None:
+        """Block the host until `slots` launch-queue entries are free (CUDA blocks the launching thread)."""
         depth = self.device.launch_queue_depth
+        pending = self._pending
         now = self.device.clock.now()
-        while self._pending and self._pending[0] <= now:
-            self._pending.popleft()
-        if len(self._pending) >= depth:
-            self.device.host_wait(self._pending[-depth], reason="launch queue full")
+        while pending and pending[0] <= now:
+            pending.popleft()
+        overflow = len(pending) + slots - depth
+        if overflow > 0:
+            self.device.host_wait(pending[overflow - 1], reason="launch queue full")
             now = self.device.clock.now()
-            while self._pending and self._pending[0] <= now:
-                self._pending.popleft()
+            while pending and pending[0] <= now:
+                pending.popleft()
 
     def wait_event(self, event: Event) -> None:
         """Make later work on this stream wait until `event` has completed (no host wait)."""

@@ -152,7 +152,9 @@ def _charge_chunks(emu: Any, index: int, chunks: list[Chunk]) -> None:
     stream = emu.current_stream(index)
     for c in chunks:
         duration_s, args = emu.phases.charge(c.predicted_s)
-        stream.enqueue(duration_s, c.name, "compute", c.category, {**args, "replay": True, "ops": c.ops})
+        stream.enqueue(
+            duration_s, c.name, "compute", c.category, {**args, "replay": True, "ops": c.ops}, launches=c.ops
+        )
 
 
 class _Held:
