@@ -55,6 +55,8 @@ class RunReport:
         self._finished = False
         self._original_next: Any = None
         self.memory: Any = None  # a gpemu.report.memory.MemoryReport when --memory-report is on
+        self._saw_fetch = False
+        self._step_hook: Any = None
 
     # -- DataLoader patch -------------------------------------------------------------------------------------------
     def patch_dataloader(self) -> None:
@@ -71,6 +73,7 @@ class RunReport:
             if getattr(_tls, "inside", False):  # a loader nested in a loader: only the outer fetch counts
                 return original(it)
             _tls.inside = True
+            report._saw_fetch = True
             if report.memory is not None:
                 report.memory.on_step_boundary()
             t0 = report.collector.now()
@@ -86,6 +89,28 @@ class RunReport:
             return batch
 
         cls.__next__ = __next__  # type: ignore[method-assign,assignment]
+
+    def patch_optimizer(self) -> None:
+        """For loops without a DataLoader: each optimizer step ends an iteration (data wait unknown, counted as 0)."""
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        report = self
+
+        def _after_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+            if not report._saw_fetch:
+                if report.memory is not None:
+                    report.memory.on_step_boundary()
+                report.collector.mark_iteration(0.0)
+                report._maybe_flush()
+
+        if self._step_hook is None:
+            self._step_hook = register_optimizer_step_post_hook(_after_step)
+
+    def unpatch_optimizer(self) -> None:
+        """Remove the optimizer-step hook."""
+        if self._step_hook is not None:
+            self._step_hook.remove()
+            self._step_hook = None
 
     def unpatch_dataloader(self) -> None:
         """Restore the original DataLoader __next__."""
@@ -151,6 +176,7 @@ def install_report(
         return _active
     report = _active = RunReport(devices, json_path, warmup, print_summary, trace=trace, meta=meta)
     report.patch_dataloader()
+    report.patch_optimizer()
     atexit.register(report.finish)
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
 

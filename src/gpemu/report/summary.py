@@ -123,7 +123,7 @@ def render(report: dict[str, Any], console: Console | None = None, title: str = 
     console = console or Console(stderr=True)
     summary = report["summary"]
     if "wall_s" not in summary:
-        console.print(f"[bold]{title}[/]: no iterations recorded (no DataLoader batches were fetched).")
+        console.print(f"[bold]{title}[/]: no iterations recorded (no DataLoader batch was fetched and no optimizer step ran).")
         return
     gpu = report.get("gpu") or "?"
     count = report.get("device_count", 1)

@@ -320,6 +320,32 @@ def apply(emu: state.Emulation, patcher: Patcher) -> None:
 
     if hasattr(fu, "_foreach_supported_types"):
         patcher.set(fu, "_foreach_supported_types", [*fu._foreach_supported_types, EmuTensor])
+    patcher.set(torch, "compile", _eager_compile)
+    if hasattr(torch.nn.Module, "compile"):
+        patcher.set(torch.nn.Module, "compile", lambda self, *args, **kwargs: None)
+
+
+# Note [torch.compile under emulation]
+# Dynamo/Inductor trace real device kernels (Triton for CUDA); they cannot compile for an emulated device whose C++
+# backing is meta. Scripts that call torch.compile (nanoGPT and most recent LLM trainers do by default) therefore run
+# eager: the compiled object is the module/function itself. Timing then comes from the eager op stream (profile-
+# calibrated when the model has a profile, else the per-op cost model), which does not model Inductor's fusion: an
+# uncalibrated compiled model is predicted slower than it runs on hardware. A notice says so once per process.
+_compile_notice_shown = False
+
+
+def _eager_compile(model: Any = None, *args: Any, **kwargs: Any) -> Any:
+    """Return `model` unchanged (or a decorator that does so): torch.compile runs eager under emulation."""
+    global _compile_notice_shown
+    if not _compile_notice_shown:
+        _compile_notice_shown = True
+        import sys
+
+        print("gpemu: torch.compile runs eager on the emulated GPU (no Inductor fusion is modelled; see "
+              "docs/drop-in.md)", file=sys.stderr)
+    if model is None:
+        return lambda fn: fn
+    return model
 
 
 def _empty_caches(emu: Any) -> None:

@@ -1,0 +1,41 @@
+"""Loops without a DataLoader: each optimizer step ends an iteration; with a DataLoader, fetches do."""
+
+from __future__ import annotations
+
+import torch
+
+from gpemu.device import EmulatedGPU, ManualClock
+from gpemu.report.hooks import RunReport
+
+
+def _steps(n: int) -> None:
+    w = torch.nn.Parameter(torch.zeros(4))
+    opt = torch.optim.SGD([w], lr=0.1)
+    for _ in range(n):
+        w.sum().backward()
+        opt.step()
+
+
+def test_each_optimizer_step_marks_an_iteration_without_a_dataloader() -> None:
+    report = RunReport([EmulatedGPU("v100", clock=ManualClock())], print_summary=False)
+    report.patch_optimizer()
+    try:
+        _steps(3)
+    finally:
+        report.unpatch_optimizer()
+    # 3 steps = 3 iteration boundaries: windows 0 and 1 are closed, window 2 is still open.
+    assert len(report.collector.iterations) == 3
+
+
+def test_dataloader_fetches_take_precedence_over_optimizer_steps() -> None:
+    report = RunReport([EmulatedGPU("v100", clock=ManualClock())], print_summary=False)
+    report.patch_dataloader()
+    report.patch_optimizer()
+    try:
+        loader = torch.utils.data.DataLoader(list(range(4)), batch_size=2)
+        for _ in loader:  # 2 batches = 2 iterations
+            _steps(2)  # 4 optimizer steps in all: they must not add iterations
+    finally:
+        report.unpatch_optimizer()
+        report.unpatch_dataloader()
+    assert len(report.collector.iterations) == 2
