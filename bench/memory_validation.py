@@ -1,7 +1,7 @@
 """Compare gpemu's simulated peak/persistent training memory with GPEmu's measured rows (ROWS.csv, measured=1).
 
 Usage: .venv/bin/python bench/memory_validation.py [--batches 1,8,32,64,128] [--models resnet50,...] [--no-max-batch]
-Simulations are cached in ~/.cache/gpemu/memory_validation.json (per model, batch size; memory does not depend on the GPU
+Simulations are cached in <gpemu cache dir>/memory_validation.json (per model, batch size; memory does not depend on the GPU
 in this model, see docs/memory.md). Prints errors, not verdicts.
 """
 
@@ -22,10 +22,11 @@ from rich.progress import Progress
 from rich.table import Table
 
 from gpemu.memory.predict import GPEMU_DATA_SEMANTICS, max_batch_size, predict_memory
+from gpemu.paths import cache_dir
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("GPEMU_SHARED_DATA", REPO.parent / "shared" / "data")) / "gpemu-profiles"
-CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpemu" / "memory_validation.json"
+CACHE = cache_dir() / "memory_validation.json"
 GPU_KEYS = {  # GPEmu folder name -> gpemu catalog key
     "Tesla_K80": "k80",
     "Tesla_M40": "m40",

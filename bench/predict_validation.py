@@ -30,6 +30,7 @@ from gpemu.cost.calibrate import fit, load_measured_rows
 from gpemu.cost.model import CostParams
 from gpemu.cost.predict import borrow_factors, model_phase_seconds, spec_distance
 from gpemu.hardware import get_gpu
+from gpemu.paths import cache_dir
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("GPEMU_SHARED_DATA", REPO.parent / "shared" / "data")) / "gpemu-profiles" / "ROWS.csv"
@@ -37,11 +38,9 @@ console = Console(width=150)
 
 
 def _cache_file(tag: str, steps: int) -> Path:
-    import platformdirs
-
     code = "".join((REPO / "src/gpemu/cost" / f).read_text() for f in ("model.py", "calibrate.py", "registry.py"))
     digest = hashlib.sha1(f"{tag}|{steps}|{DATA.stat().st_size}|{code}|{torch.__version__}".encode()).hexdigest()[:16]
-    return Path(platformdirs.user_cache_dir("gpemu")) / "predict_validation" / f"{digest}.json"
+    return cache_dir() / "predict_validation" / f"{digest}.json"
 
 
 def _fit_cached(tag: str, rows: pd.DataFrame, steps: int, use_cache: bool, per_gpu: bool = True) -> CostParams:

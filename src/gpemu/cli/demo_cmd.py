@@ -22,21 +22,13 @@ from rich.table import Table
 
 from gpemu.errors import GpemuError
 from gpemu.hardware import GPUSpec, get_gpu
+from gpemu.paths import cache_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[3]  # src/gpemu/cli/demo_cmd.py -> repo root (editable install)
 SHARED_PROFILES = REPO_ROOT.parent / "shared" / "data" / "gpemu-profiles"
 IMAGENET_EXAMPLE = REPO_ROOT / "examples" / "imagenet" / "main.py"
 N_CLASSES = 8
 console = Console()
-
-
-def _cache_dir() -> Path:
-    try:
-        import platformdirs
-
-        return Path(platformdirs.user_cache_dir("gpemu"))
-    except ImportError:  # pragma: no cover
-        return Path(tempfile.gettempdir()) / "gpemu-cache"
 
 
 def _parse_workers(text: str) -> list[int]:
@@ -110,7 +102,7 @@ def run_explicit(
     from gpemu.workloads.synthetic import make_jpeg_folder
 
     n_per_class = math.ceil((iters + 1) * batch_size / N_CLASSES)
-    root = data_dir or (_cache_dir() / f"demo-jpeg-{N_CLASSES}x{n_per_class}")
+    root = data_dir or (cache_dir() / f"demo-jpeg-{N_CLASSES}x{n_per_class}")
     with console.status(f"writing {N_CLASSES * n_per_class} synthetic JPEGs to {root} (reused when present)"):
         make_jpeg_folder(root, N_CLASSES, n_per_class)
     dataset = ImageFolder(str(root), transform=_transform())
@@ -197,7 +189,7 @@ def run_dropin(
     if not IMAGENET_EXAMPLE.is_file():
         raise GpemuError(f"--mode dropin needs {IMAGENET_EXAMPLE} (the drop-in example script); it is not there")
     n_per_class = math.ceil((iters + 1) * batch_size / N_CLASSES)
-    root = data_dir or (_cache_dir() / f"demo-imagenet-{N_CLASSES}x{n_per_class}")
+    root = data_dir or (cache_dir() / f"demo-imagenet-{N_CLASSES}x{n_per_class}")
     with console.status(f"writing synthetic JPEGs to {root} (reused when present)"):
         make_imagenet_folder(root, N_CLASSES, n_per_class, max(1, batch_size // N_CLASSES))
     results = []

@@ -5,7 +5,6 @@ from __future__ import annotations
 import atexit
 import gc
 import os
-import re
 
 import torch
 
@@ -17,17 +16,12 @@ from gpemu.torch_backend.patches import Patcher, apply
 from gpemu.torch_backend.phases import PhaseLookup, PhaseTracker, model_from_env
 from gpemu.torch_backend.replay import Replayer, patch_module_call, replay_enabled_from_env
 from gpemu.torch_backend.state import Emulation, ValueHook
+from gpemu.units import parse_size
 
 _patcher: Patcher | None = None
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
 def parse_bytes(text: str) -> int:
-    """Return a byte count from "12345", "10GiB", "512 MiB" or "16GB"."""
-    m = re.fullmatch(r"\s*([0-9.]+)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).lower() not in _UNITS:
-        raise GpemuError(f"cannot read memory size {text!r}: use bytes or a unit like 10GiB, 512MiB, 16GB")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    """Return a byte count from "12345", "10GiB", "512 MiB" or "16GB" (see gpemu.units.parse_size)."""
+    return parse_size(text)
 
 
 def install(

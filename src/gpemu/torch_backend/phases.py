@@ -52,11 +52,12 @@ _TV_PREFIX = {"resnet": ("resnet", "resnext", "wide_resnet"), "inception3": ("in
 
 def _count_cache_path() -> Path | None:
     try:
-        import platformdirs
         import torchvision
+
+        from gpemu.paths import cache_dir
     except ImportError:
         return None
-    return Path(platformdirs.user_cache_dir("gpemu")) / f"torchvision-{torchvision.__version__}-param-counts.json"
+    return cache_dir() / f"torchvision-{torchvision.__version__}-param-counts.json"
 
 
 @functools.cache

@@ -18,6 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpemu.cost.registry import op_cost, op_name
 from gpemu.errors import UnknownNameError
+from gpemu.paths import cache_dir
 
 TRACE_VERSION = 5  # bump when what a trace records changes (invalidates the disk cache)
 TRACE_DTYPES: tuple[str, ...] = ("fp32", "fp16", "bf16", "amp", "amp_bf16")
@@ -271,20 +272,11 @@ def build_on_meta(name: str) -> nn.Module:
         nn.Module.register_buffer = old_buffer  # type: ignore[method-assign, assignment]
 
 
-def _cache_dir() -> Path:
-    env = os.environ.get("GPEMU_CACHE_DIR")
-    if env:
-        return Path(env)
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("gpemu"))
-
-
 def _cache_path(model: str, batch_size: int, dtype: str, optimizer: str) -> Path:
     key = f"{model}|{batch_size}|{dtype}|{optimizer}|{torch.__version__}|v{TRACE_VERSION}"
     digest = hashlib.sha1(key.encode()).hexdigest()[:16]
     safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in model)
-    return _cache_dir() / "optrace" / f"{safe}-b{batch_size}-{dtype}-{optimizer}-{digest}.json"
+    return cache_dir() / "optrace" / f"{safe}-b{batch_size}-{dtype}-{optimizer}-{digest}.json"
 
 
 def _load(path: Path) -> list[OpRecord] | None:
