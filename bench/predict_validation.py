@@ -3,8 +3,8 @@
 Usage: .venv/bin/python bench/predict_validation.py [--steps 150] [--folds 5] [--no-cache]
 
 Leave-one-GPU-out: for each of the 5 GPUs, refit on the other 4, then predict every measured forward/backward row
-of the held-out GPU (all batch sizes) (a) from its spec alone ("spec-model") and (b) by scaling each other GPU's
-measured row by model(Y)/model(X) ("scaled-from:X"; "closest" = the X predict_phase picks by spec distance).
+of the held-out GPU (all batch sizes) (a) from its spec with the nearest fitted GPU's factors ("spec-model") and (b) by scaling each other GPU's
+measured row by model(Y)/model(X) ("scaled-from:X"; "nearest" = the X predict_phase picks: Note [Choosing the source GPU]).
 Leave-models-out: models split into --folds folds; for each fold refit on all GPUs without those models and
 predict them from the spec model with the fitted per-GPU factors. Fold fits are cached under the gpemu cache dir.
 Prints median and p90 absolute % error for forward, backward and their sum (measured rows only); errors, not verdicts.
@@ -28,7 +28,8 @@ from rich.table import Table
 
 from gpemu.cost.calibrate import fit, load_measured_rows
 from gpemu.cost.model import CostParams
-from gpemu.cost.predict import borrow_factors, model_phase_seconds, spec_distance
+from gpemu.cost.predict import borrow_factors, model_phase_seconds
+from gpemu.cost.similarity import source_distance
 from gpemu.hardware import get_gpu
 from gpemu.paths import cache_dir
 
@@ -108,9 +109,10 @@ def leave_one_gpu_out(rows: pd.DataFrame, steps: int, use_cache: bool, per_gpu: 
         for held in gpus:
             train = rows[rows["gpu"] != held]
             params = _fit_cached(f"logo-{held}-{per_gpu}", train, steps, use_cache, per_gpu)
-            test = _predict_rows(rows[rows["gpu"] == held], params, held, use_per_gpu=False)
+            # the held-out GPU is not in the fit: it borrows the nearest fitted GPU's factors, as predict_phase does
+            test = _predict_rows(rows[rows["gpu"] == held], params, held, use_per_gpu=True)
             others = sorted(g for g in gpus if g != held)
-            by_dist = sorted(others, key=lambda g: spec_distance(get_gpu(held), get_gpu(g)))
+            by_dist = sorted(others, key=lambda g: source_distance(get_gpu(held), get_gpu(g)))
             test = test.set_index(["workload", "phase", "batch_size"])
             held_rows = rows[rows["gpu"] == held]
             for x in others:
@@ -118,10 +120,12 @@ def leave_one_gpu_out(rows: pd.DataFrame, steps: int, use_cache: bool, per_gpu: 
                 xr = xr.set_index(["workload", "phase", "batch_size"])
                 # as predict_phase does: the held-out GPU borrows X's factors (Note [Borrowed factors])
                 borrowed = _predict_rows(held_rows, borrow_factors(params, held, x), held, use_per_gpu=True)
-                model_y = borrowed.set_index(["workload", "phase", "batch_size"])["pred"].reindex(xr.index)
+                borrowed = borrowed.set_index(["workload", "phase", "batch_size"])["pred"]
+                test[f"spec_with_{x}"] = borrowed.reindex(test.index)
+                model_y = borrowed.reindex(xr.index)
                 scaled = xr["value"] * model_y / xr["pred"]
                 test[f"pred_from_{x}"] = scaled.reindex(test.index)
-            # closest measured GPU that has this row, as predict_phase chooses
+            # nearest measured GPU that has this row, as predict_phase chooses
             closest = pd.Series(np.nan, index=test.index)
             for x in reversed(by_dist):
                 col = test[f"pred_from_{x}"]
@@ -170,13 +174,16 @@ def main() -> None:
 
     logo = leave_one_gpu_out(rows, args.steps, not args.no_cache, per_gpu=not args.no_per_gpu)
     table = _table("Leave-one-GPU-out: absolute % error on the held-out GPU")
-    for held in sorted(logo["gpu"].unique()):
+    gpus = sorted(logo["gpu"].unique())
+    by_source = {g: min((x for x in gpus if x != g), key=lambda x: source_distance(get_gpu(g), get_gpu(x)))
+                 for g in gpus}
+    for held in gpus:
         sel = logo[logo["gpu"] == held]
         _row(table, f"{held}: spec-model", _errors(sel, "pred"))
-        _row(table, f"{held}: scaled-from closest", _errors(sel, "pred_closest"))
+        _row(table, f"{held}: scaled-from nearest ({by_source[held]})", _errors(sel, "pred_closest"))
         _row(table, f"{held}: scaled-from all (median)", _errors(sel, "pred_median"))
     _row(table, "ALL: spec-model", _errors(logo, "pred"))
-    _row(table, "ALL: scaled-from closest", _errors(logo, "pred_closest"))
+    _row(table, "ALL: scaled-from nearest", _errors(logo, "pred_closest"))
     _row(table, "ALL: scaled-from all (median)", _errors(logo, "pred_median"))
     console.print(table)
 
@@ -196,8 +203,8 @@ def main() -> None:
         _row(table, "ALL", _errors(lmo))
         console.print(table)
 
-    worst = Table(title="Per-model worst cases (median abs % error of fwd+bwd; LOGO spec / LOGO closest / LMO)")
-    for col in ("model", "LOGO spec med", "LOGO closest med", "LMO med", "worst GPU (LOGO spec)"):
+    worst = Table(title="Per-model worst cases (median abs % error of fwd+bwd; LOGO spec / LOGO nearest / LMO)")
+    for col in ("model", "LOGO spec med", "LOGO nearest med", "LMO med", "worst GPU (LOGO spec)"):
         worst.add_column(col)
     records = []
     for model in sorted(rows["workload"].unique()):

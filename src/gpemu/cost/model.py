@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from gpemu.cost.registry import CATEGORIES, COMPUTE_CATEGORIES
+from gpemu.cost.similarity import nearest
 from gpemu.hardware import GPUSpec
 
 # Note [Time model]
@@ -50,11 +51,18 @@ class CostParams:
     note: str = ""
 
     def factors(self, spec: GPUSpec, use_per_gpu: bool = True) -> dict[str, float]:
-        """Return the per-GPU factors a, b, c for `spec` (all 1.0 when it was not in the fit)."""
+        """Return the per-GPU factors a, b, c for `spec`: its own, else the nearest fitted GPU's (Note [Borrowed
+        factors] in predict.py), else 1.0; all 1.0 with use_per_gpu=False."""
         base = {k: 1.0 for k in PER_GPU_PARAMS}
         if use_per_gpu:
-            base.update(self.per_gpu.get(spec.key, {}))
+            base.update(self.per_gpu.get(spec.key) or self.per_gpu.get(self.factor_source(spec) or "", {}))
         return base
+
+    def factor_source(self, spec: GPUSpec) -> str | None:
+        """Return the catalog key whose fitted factors `spec` uses (itself, the nearest fitted GPU, or None)."""
+        if spec.key in self.per_gpu:
+            return spec.key
+        return nearest(spec, self.per_gpu)
 
     def to_json(self) -> dict[str, Any]:
         """Return the JSON object stored in fitted.json."""
