@@ -1,12 +1,13 @@
 """The emulated device: clock, engines, streams, events, the trace recorder and EmulatedGPU."""
 
 from gpemu.device.clock import Clock, ManualClock, RealClock
-from gpemu.device.gpu import DeviceStats, EmulatedGPU
+from gpemu.device.gpu import DeviceListener, DeviceStats, EmulatedGPU
 from gpemu.device.timeline import Engine, Event, Stream, Work
 from gpemu.device.trace import TraceRecorder
 
 __all__ = [
     "Clock",
+    "DeviceListener",
     "DeviceStats",
     "EmulatedGPU",
     "Engine",

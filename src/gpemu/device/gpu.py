@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from gpemu.device.allocator import CachingAllocator
 from gpemu.device.clock import Clock, RealClock
@@ -22,6 +24,16 @@ class DeviceStats:
     work_count: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     h2d_bytes: int = 0
     d2h_bytes: int = 0
+
+
+class DeviceListener(Protocol):
+    """What an observer of an EmulatedGPU implements (run report, memory report, a future sharing daemon)."""
+
+    def on_work(self, work: Work) -> None:
+        """Called once per work item when it is placed on an engine (start_s/end_s are final)."""
+
+    def on_host_wait(self, start_s: float, end_s: float, reason: str) -> None:
+        """Called after the host waited on this device from start_s to end_s."""
 
 
 class EmulatedGPU:
@@ -47,6 +59,7 @@ class EmulatedGPU:
         self.default_stream = Stream(self, stream_id=0)
         self.streams: list[Stream] = [self.default_stream]
         self.stats = DeviceStats()
+        self._listeners: tuple[DeviceListener, ...] = ()
         self.allocator = CachingAllocator(
             self.memory_limit_bytes,
             int(self.spec.context_mib * 1024**2),
@@ -73,6 +86,17 @@ class EmulatedGPU:
         """Block the host until every stream of this device is idle (torch.cuda.synchronize)."""
         self.host_wait(self.t_done, reason="device synchronize")
 
+    def add_listener(self, listener: DeviceListener) -> Callable[[], None]:
+        """Register `listener` for work and host waits on this device; return a function that removes it."""
+        with self.lock:
+            self._listeners = (*self._listeners, listener)
+
+        def remove() -> None:
+            with self.lock:
+                self._listeners = tuple(x for x in self._listeners if x is not listener)
+
+        return remove
+
     def host_wait(self, deadline_s: float, reason: str = "wait") -> float:
         """Block the calling host thread until `deadline_s`; return the seconds waited (recorded in stats/trace)."""
         start = self.clock.now()
@@ -83,6 +107,8 @@ class EmulatedGPU:
         self.stats.host_wait_s[reason] += end - start
         if self.trace is not None:
             self.trace.host_span(f"wait: {reason}", start, end, category="sync")
+        for listener in self._listeners:
+            listener.on_host_wait(start, end, reason)
         return end - start
 
     def _record(self, work: Work) -> None:
@@ -90,6 +116,8 @@ class EmulatedGPU:
         self.stats.work_count[work.category] += 1
         if self.trace is not None:
             self.trace.work(work)
+        for listener in self._listeners:
+            listener.on_work(work)
 
     def _memory_changed(self, allocated_bytes: int, reserved_bytes: int) -> None:
         if self.trace is not None:

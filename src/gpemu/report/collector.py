@@ -101,6 +101,7 @@ class RunCollector:
         self._epoch_open = False
         self._last_activity_s = 0.0
         self._lock = threading.RLock()
+        self._removers: list[Any] = []
         self.attach()
 
     # -- devices ---------------------------------------------------------------------------------------------------
@@ -113,26 +114,14 @@ class RunCollector:
             self._hook(dev)
 
     def _hook(self, dev: EmulatedGPU) -> None:
-        # See Note [Iterations]. EmulatedGPU has no listener API yet; we wrap its per-instance _record and host_wait.
-        original_record = dev._record
-        original_wait = dev.host_wait
-        idx = dev.index
+        # See Note [Iterations].
+        self._removers.append(dev.add_listener(_DeviceLog(self, dev.index)))
 
-        def _record(work: Any) -> None:
-            original_record(work)
-            log = self.logs.get((idx, work.engine))
-            if log is None:
-                log = self.logs[(idx, work.engine)] = EngineLog()
-            log.add(work.start_s, work.end_s)
-            self._last_activity_s = max(self._last_activity_s, work.launch_s)
-
-        def host_wait(deadline_s: float, reason: str = "wait") -> float:
-            waited = original_wait(deadline_s, reason)
-            self._last_activity_s = max(self._last_activity_s, dev.clock.now())
-            return waited
-
-        dev._record = _record  # type: ignore[method-assign]
-        dev.host_wait = host_wait  # type: ignore[method-assign]
+    def detach(self) -> None:
+        """Stop logging every attached device."""
+        for remove in self._removers:
+            remove()
+        self._removers.clear()
 
     def _sync_wait_total(self) -> float:
         return sum(sum(d.stats.host_wait_s.values()) for d in self.devices)
@@ -192,3 +181,24 @@ class RunCollector:
             if end_s <= win.start_s:
                 end_s = self.now()
             self._close(end_s, partial=True)
+
+
+class _DeviceLog:
+    """DeviceListener that feeds one device's work into a RunCollector's engine logs."""
+
+    def __init__(self, collector: RunCollector, index: int) -> None:
+        self.collector = collector
+        self.index = index
+
+    def on_work(self, work: Any) -> None:
+        """Log the work item's busy interval on its engine."""
+        col = self.collector
+        log = col.logs.get((self.index, work.engine))
+        if log is None:
+            log = col.logs[(self.index, work.engine)] = EngineLog()
+        log.add(work.start_s, work.end_s)
+        col._last_activity_s = max(col._last_activity_s, work.launch_s)
+
+    def on_host_wait(self, start_s: float, end_s: float, reason: str) -> None:
+        """Note host activity at the end of a wait."""
+        self.collector._last_activity_s = max(self.collector._last_activity_s, end_s)
