@@ -19,10 +19,11 @@ from gpemu.hardware import GPUSpec
 # Note [Time model]
 # One kernel of category c with F FLOPs and M bytes on GPU g:
 #     compute_s = (F + w_half * sm_count) / (peak_g(dtype, c, tensor_core) * e_c * a_g)
-#     memory_s  = (M + b_half * sm_count) / (bw_g * m_c * b_g)
+#     memory_s  = M / (bw_g * m_c * b_g) + mem_lat_cycles / clock_g
 #     kernel_s  = max(compute_s, memory_s) + k0                      (views: 0)
 # i.e. efficiency ramps as F / (F + w_half * SMs): a kernel needs ~w_half FLOPs per SM before it fills the GPU, and
-# the same for bytes. e_c, m_c are per-category ceilings shared by every GPU; a_g, b_g are optional per-GPU factors
+# a memory-bound kernel pays a fixed latency of mem_lat_cycles SM clock cycles (small kernels are latency-bound, and
+# latency in cycles is what carries across GPUs: see Note [Memory latency]). e_c, m_c are per-category ceilings shared by every GPU; a_g, b_g are optional per-GPU factors
 # (1.0 for a GPU that has no measurements: the spec alone predicts it). m_c has a forward and a backward-phase value. Host side: every op dispatched costs the
 # host h (forward) or h_bwd (loss/backward/step) seconds times the GPU's host factor c_g; views cost h_view. Work is
 # asynchronous, so a phase of ops j=1..n with host times H_j (cumulative) and kernel times d_j ends at
@@ -35,7 +36,7 @@ from gpemu.hardware import GPUSpec
 MEMORY_CATEGORIES: tuple[str, ...] = tuple(c for c in CATEGORIES if c not in COMPUTE_CATEGORIES)
 SHARED_PARAMS: tuple[str, ...] = (
     "e_conv", "e_conv_bwd", "e_grouped", "e_grouped_bwd", "e_matmul", "w_half", "m_elementwise", "m_norm",
-    "m_other", "m_elementwise_bwd", "m_norm_bwd", "m_other_bwd", "b_half", "k0", "h", "h_bwd", "h_view", "t0",
+    "m_other", "m_elementwise_bwd", "m_norm_bwd", "m_other_bwd", "mem_lat_cycles", "k0", "h", "h_bwd", "h_view", "t0",
     "t0_bwd",
 )
 PER_GPU_PARAMS: tuple[str, ...] = ("a", "b", "c")  # compute, memory and host factors
@@ -72,7 +73,7 @@ class CostParams:
 DEFAULT_SHARED: dict[str, float] = {
     "e_conv": 0.6, "e_conv_bwd": 0.5, "e_grouped": 0.1, "e_grouped_bwd": 0.05, "e_matmul": 0.7, "w_half": 2e6, "m_elementwise": 0.75, "m_norm": 0.6, "m_other": 0.6,
     "m_elementwise_bwd": 0.75, "m_norm_bwd": 0.6, "m_other_bwd": 0.6,
-    "b_half": 2e4, "k0": 3e-6, "h": 2e-5, "h_bwd": 1e-5, "h_view": 3e-6, "t0": 3e-4, "t0_bwd": 1e-3,
+    "mem_lat_cycles": 5e3, "k0": 3e-6, "h": 2e-5, "h_bwd": 1e-5, "h_view": 3e-6, "t0": 3e-4, "t0_bwd": 1e-3,
 }
 
 
@@ -168,6 +169,7 @@ class SpecColumns:
     mem_param: np.ndarray  # index into MEMORY_PARAMS
     bw: float
     sm_count: int
+    clock_hz: float
 
 
 COMPUTE_PARAMS: tuple[str, ...] = ("e_conv", "e_conv_bwd", "e_grouped", "e_grouped_bwd", "e_matmul")
@@ -209,6 +211,7 @@ def spec_columns(ops: OpArrays, spec: GPUSpec, tc_rel: float) -> SpecColumns:
         mem_param=np.array([_MEM_IDX[mem_param(c, bool(ph))] for c, ph in zip(ops.category, ops.phase, strict=True)]),
         bw=spec.memory_bw_gbps * 1e9,
         sm_count=spec.sm_count,
+        clock_hz=spec.boost_clock_mhz * 1e6,
     )
 
 
@@ -227,7 +230,7 @@ def kernel_seconds(flops: Any, nbytes: Any, cols: SpecColumns, p: dict[str, Any]
     has_compute = torch.as_tensor(cols.compute_param >= 0)
     compute = (flops + p["w_half"] * cols.sm_count) / (torch.as_tensor(cols.peak) * e_op * f["a"])
     compute = torch.where(has_compute, compute, torch.zeros_like(compute))
-    memory = (nbytes + p["b_half"] * cols.sm_count) / (cols.bw * m_op * f["b"])
+    memory = nbytes / (cols.bw * m_op * f["b"]) + p["mem_lat_cycles"] / cols.clock_hz
     body = torch.maximum(compute, memory) + p["k0"]
     return torch.where(torch.as_tensor(cols.is_kernel), body, torch.zeros_like(body))
 

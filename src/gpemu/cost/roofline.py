@@ -74,7 +74,7 @@ def cost_time_s(cost: OpCost, name: str, spec: GPUSpec, params: CostParams | Non
         compute = (cost.flops + p["w_half"] * spec.sm_count) / (peak * p[COMPUTE_PARAMS[cidx]] * f["a"])
     backward = name.endswith(("_backward", "_backward_data"))  # the phase is unknown here; named grads are bwd
     m_eff = p[mem_param(cost.category, backward)]
-    memory = (cost.bytes + p["b_half"] * spec.sm_count) / (spec.memory_bw_gbps * 1e9 * m_eff * f["b"])
+    memory = cost.bytes / (spec.memory_bw_gbps * 1e9 * m_eff * f["b"]) + p["mem_lat_cycles"] / (spec.boost_clock_mhz * 1e6)
     return max(compute, memory) + p["k0"]
 
 
