@@ -39,3 +39,30 @@ def test_dataloader_fetches_take_precedence_over_optimizer_steps() -> None:
         report.unpatch_optimizer()
         report.unpatch_dataloader()
     assert len(report.collector.iterations) == 2
+
+
+def test_backward_passes_mark_iterations_when_there_is_no_optimizer() -> None:
+    report = RunReport([EmulatedGPU("v100", clock=ManualClock())], print_summary=False)
+    report.patch_optimizer()
+    try:
+        w = torch.nn.Parameter(torch.zeros(4))
+        for _ in range(4):  # word_language_model style: manual update, no optimizer
+            w.sum().backward()
+            with torch.no_grad():
+                w.add_(w.grad, alpha=-0.1)
+    finally:
+        report.unpatch_optimizer()
+    # backward passes 2, 3 and 4 are boundaries (the first might still be followed by an optimizer step):
+    # 3 boundaries = windows 0 and 1 closed, window 2 open
+    assert len(report.collector.iterations) == 3
+    assert torch.autograd.backward.__module__ == "torch.autograd"  # unpatched
+
+
+def test_backward_passes_do_not_add_iterations_once_a_step_is_seen() -> None:
+    report = RunReport([EmulatedGPU("v100", clock=ManualClock())], print_summary=False)
+    report.patch_optimizer()
+    try:
+        _steps(3)  # backward, step, backward, step, ...: only the 3 steps are boundaries
+    finally:
+        report.unpatch_optimizer()
+    assert len(report.collector.iterations) == 3

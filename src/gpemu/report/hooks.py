@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import os
 import signal
 import sys
@@ -33,6 +34,14 @@ def _torch_backend_devices() -> list[EmulatedGPU]:
     return list(emulation.devices) if emulation is not None else []
 
 
+# Note [Iteration boundaries]
+# An iteration ends at each DataLoader fetch (the loader's wait is then measured). Loops without a DataLoader
+# (nanoGPT-style, in-memory batches) end one at each optimizer.step(). Loops with neither (pytorch/examples
+# word_language_model updates parameters by hand) end one at each backward pass from the second on: the first
+# backward may be followed by an optimizer step we have not seen yet, and a step, once seen, takes over. With
+# gradient accumulation and an optimizer, iterations are optimizer steps.
+
+
 class RunReport:
     """A live run report: a collector plus the DataLoader patch, JSON flushing and the exit print."""
 
@@ -57,6 +66,9 @@ class RunReport:
         self.memory: Any = None  # a gpemu.report.memory.MemoryReport when --memory-report is on
         self._saw_fetch = False
         self._step_hook: Any = None
+        self._original_backward: Any = None
+        self._steps_seen = 0
+        self._backwards_seen = 0
 
     # -- DataLoader patch -------------------------------------------------------------------------------------------
     def patch_dataloader(self) -> None:
@@ -91,26 +103,50 @@ class RunReport:
         cls.__next__ = __next__  # type: ignore[method-assign,assignment]
 
     def patch_optimizer(self) -> None:
-        """For loops without a DataLoader: each optimizer step ends an iteration (data wait unknown, counted as 0)."""
+        """For loops without a DataLoader: each optimizer step ends an iteration (data wait unknown, counted as 0);
+        for loops with neither a DataLoader nor an optimizer (manual `p.data.add_(p.grad)` updates), each
+        backward pass after the first does. See Note [Iteration boundaries]."""
+        import torch
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         report = self
 
+        def _boundary() -> None:
+            if report.memory is not None:
+                report.memory.on_step_boundary()
+            report.collector.mark_iteration(0.0)
+            report._maybe_flush()
+
         def _after_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+            report._steps_seen += 1
             if not report._saw_fetch:
-                if report.memory is not None:
-                    report.memory.on_step_boundary()
-                report.collector.mark_iteration(0.0)
-                report._maybe_flush()
+                _boundary()
 
         if self._step_hook is None:
             self._step_hook = register_optimizer_step_post_hook(_after_step)
+        if self._original_backward is None:
+            original = self._original_backward = torch.autograd.backward
+
+            @functools.wraps(original)
+            def backward(*args: Any, **kwargs: Any) -> Any:
+                out = original(*args, **kwargs)
+                report._backwards_seen += 1
+                if not report._saw_fetch and report._steps_seen == 0 and report._backwards_seen >= 2:
+                    _boundary()
+                return out
+
+            torch.autograd.backward = backward
 
     def unpatch_optimizer(self) -> None:
-        """Remove the optimizer-step hook."""
+        """Remove the optimizer-step hook and the backward wrapper."""
+        import torch
+
         if self._step_hook is not None:
             self._step_hook.remove()
             self._step_hook = None
+        if self._original_backward is not None:
+            torch.autograd.backward = self._original_backward
+            self._original_backward = None
 
     def unpatch_dataloader(self) -> None:
         """Restore the original DataLoader __next__."""
