@@ -84,7 +84,7 @@ def test_packed_sequence_round_trip(emu: gt.Emulation) -> None:
     packed = torch.nn.utils.rnn.pack_padded_sequence(x, torch.tensor([5, 4, 2]))
     assert packed.batch_sizes.tolist() == [3, 3, 2, 2, 1]  # steps 0-1: 3 sequences, 2-3: 2, 4: 1
     assert packed.data.shape == (11, 16)  # 5 + 4 + 2 rows
-    out, (h, c) = lstm(packed)
+    out, (h, _c) = lstm(packed)
     padded, lengths = torch.nn.utils.rnn.pad_packed_sequence(out)
     assert padded.shape == (5, 3, 8) and lengths.tolist() == [5, 4, 2] and h.shape == (1, 3, 8)
     padded.sum().backward()
