@@ -220,20 +220,133 @@ def get_device_properties(device: Any = None) -> DeviceProperties:
 
 
 def memory_stats(device: Any = None) -> dict[str, Any]:
-    """Return torch.cuda.memory_stats-style counters from the emulated allocator."""
-    alloc = state.require().devices[device_index(device)].allocator
-    return {
-        "allocated_bytes.all.current": alloc.memory_allocated(),
-        "allocated_bytes.all.peak": alloc.max_memory_allocated(),
-        "reserved_bytes.all.current": alloc.memory_reserved(),
-        "reserved_bytes.all.peak": alloc.max_memory_reserved(),
-        "active_bytes.all.current": alloc.memory_allocated(),
-        "active_bytes.all.peak": alloc.max_memory_allocated(),
-        "num_ooms": 0,
-    }
+    """Return torch.cuda.memory_stats() from the emulated caching allocator (torch's key names)."""
+    return state.require().devices[device_index(device)].allocator.memory_stats()
 
 
 def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
-    """Return a short text summary of emulated memory use."""
-    stats = memory_stats(device)
-    return "\n".join(f"{k}: {v / 1024**2:.1f} MiB" for k, v in stats.items() if k.endswith(("current", "peak")))
+    """Return the torch.cuda.memory_summary() table of the emulated caching allocator."""
+    return state.require().devices[device_index(device)].allocator.memory_summary(abbreviated)
+
+
+def reset_accumulated_memory_stats(device: Any = None) -> None:
+    """Reset the emulated allocator's accumulated (allocated/freed totals) counters."""
+    state.require().devices[device_index(device)].allocator.reset_accumulated_memory_stats()
+
+
+class DeviceOf(DeviceContext):
+    """torch.cuda.device_of(t): make the device of tensor `t` current inside the block (a CPU tensor: no-op)."""
+
+    def __init__(self, obj: Any) -> None:
+        super().__init__(obj.get_device() if getattr(obj, "is_cuda", False) else -1)
+
+
+# device index -> (host time, compute busy seconds) at the previous torch.cuda.utilization() call
+_util_samples: dict[int, tuple[float, float]] = {}
+
+
+def utilization(device: Any = None) -> int:
+    """Return the percent of host time since the previous call (or install) the emulated compute engine was busy.
+
+    NVML reports the share of its last sample period (1/6 s to 1 s) during which a kernel ran; gpemu reports the
+    compute engine's busy time over the interval since the previous call, capped at 100 (work queued ahead of the host
+    counts when it is queued).
+    """
+    gpu = state.require().devices[device_index(device)]
+    now_s, busy_s = gpu.clock.now(), gpu.busy_s("compute")
+    prev = _util_samples.get(gpu.index)
+    _util_samples[gpu.index] = (now_s, busy_s)
+    if prev is None:
+        return 0
+    elapsed_s = now_s - prev[0]
+    if elapsed_s <= 0:
+        return 0
+    return min(100, round(100 * (busy_s - prev[1]) / elapsed_s))
+
+
+_fraction_notice_shown = False
+
+
+def set_per_process_memory_fraction(fraction: float, device: Any = None) -> None:
+    """Validate `fraction` as torch does and say once that gpemu does not cap the allocator this way."""
+    global _fraction_notice_shown
+    device_index(device)
+    if not 0 <= fraction <= 1:
+        raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+    if not _fraction_notice_shown:
+        _fraction_notice_shown = True
+        import sys
+
+        print("gpemu: torch.cuda.set_per_process_memory_fraction is ignored; cap emulated memory with "
+              "`gpemu run --memory-limit` (GPEMU_MEMORY_LIMIT)", file=sys.stderr)
+
+
+def list_gpu_processes(device: Any = None) -> str:
+    """Return torch.cuda.list_gpu_processes-style text: this process and its emulated reserved memory."""
+    import os
+
+    gpu = state.require().devices[device_index(device)]
+    mib = gpu.allocator.memory_reserved() / 1024**2
+    return f"GPU:{gpu.index}\nprocess {os.getpid():>10d} uses {mib:12.3f} MB GPU memory"
+
+
+def nvml_unsupported(name: str) -> Any:
+    """Return a stand-in for an NVML/driver query gpemu does not model: it raises a GpemuError naming `name`."""
+
+    def fn(*args: Any, **kwargs: Any) -> Any:
+        from gpemu.errors import GpemuError
+
+        raise GpemuError(
+            f"torch.cuda.{name}() is not emulated (it reads NVML/driver state gpemu does not model). Workaround: "
+            "guard the call (`if not os.environ.get('GPEMU_GPU')`) or drop it; torch.cuda.utilization() and the "
+            "memory API (memory_allocated, mem_get_info) are emulated."
+        )
+
+    fn.__name__ = name
+    return fn
+
+
+_history_notice_shown = False
+
+
+def record_memory_history(*args: Any, **kwargs: Any) -> None:
+    """Accept torch.cuda.memory._record_memory_history(...) and say once that gpemu keeps no allocation history."""
+    global _history_notice_shown
+    if not _history_notice_shown:
+        _history_notice_shown = True
+        import sys
+
+        print("gpemu: torch.cuda.memory._record_memory_history is not emulated (no stack traces are kept); "
+              "torch.cuda.memory_snapshot() lists the emulated allocator's live blocks, `gpemu run --trace` "
+              "records memory over time", file=sys.stderr)
+
+
+def memory_snapshot() -> list[dict[str, Any]]:
+    """Return torch.cuda.memory_snapshot()-style segments: one entry per live emulated block (no stack frames)."""
+    out: list[dict[str, Any]] = []
+    for gpu in state.require().devices:
+        for block in gpu.allocator.snapshot():
+            out.append({
+                "device": gpu.index, "address": block.segment_addr, "total_size": block.size_bytes,
+                "allocated_size": block.size_bytes, "requested_size": block.requested_bytes,
+                "stream": block.stream_id, "segment_type": "small" if block.small_pool else "large",
+                "blocks": [{"size": block.size_bytes, "requested_size": block.requested_bytes,
+                            "state": "active_allocated", "tag": block.tag}],
+            })
+    return out
+
+
+def graphs_unsupported(name: str) -> Any:
+    """Return a stand-in for a CUDA graph API (`name`) that raises a GpemuError with the workaround."""
+
+    def fn(*args: Any, **kwargs: Any) -> Any:
+        from gpemu.errors import GpemuError
+
+        raise GpemuError(
+            f"torch.cuda.{name}: CUDA graph capture/replay is not emulated. Workaround: run the step eagerly (turn "
+            "off the script's CUDA-graph option, e.g. --cuda-graphs / enable_cuda_graph=False); torch.compile's "
+            "mode='reduce-overhead' already runs eager under gpemu."
+        )
+
+    fn.__name__ = name
+    return fn

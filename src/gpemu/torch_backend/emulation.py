@@ -72,6 +72,10 @@ def uninstall() -> None:
     emu = state.current_emulation()
     if emu is not None and emu.phases is not None:
         emu.phases.uninstall()
+    import torch.utils._device as device_mod
+
+    if getattr(device_mod.CURRENT_DEVICE, "type", None) == "cuda":  # set_default_device("cuda") must not outlive us
+        torch.set_default_device(None)
     if _patcher is not None:
         _patcher.restore()
         _patcher = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -43,16 +44,42 @@ def _nbytes(t: torch.Tensor) -> int:
 # ---- values --------------------------------------------------------------------------------------------------
 
 
-def host_value(shape: tuple[int, ...], dtype: torch.dtype, reason: str) -> torch.Tensor:
-    """Return the CPU tensor a D2H copy yields: the value hook's answer, or zeros."""
+def host_value(
+    shape: tuple[int, ...], dtype: torch.dtype, reason: str, default: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Return the CPU tensor a D2H copy yields: the value hook's answer, else `default`, else zeros."""
     emu = state.current_emulation()
     hook = emu.value_hook if emu is not None else None
     if hook is not None:
         value = hook(shape, dtype, reason)
         if value is not None:
-            t = torch.as_tensor(value, dtype=dtype)
+            t = torch.as_tensor(value, dtype=dtype, device="cpu")
             return t.expand(shape).clone() if t.shape != shape else t.clone()
-    return torch.zeros(shape, dtype=dtype)
+    if default is not None:
+        return default.clone()
+    return torch.zeros(shape, dtype=dtype, device="cpu")  # device=: a default device of cuda must not apply here
+
+
+# host-to-device copies of at most this many bytes remember their source (a step counter, a GradScaler scale, an RNG
+# state): a D2H copy of that same, unmodified-by-identity tensor returns it. Bigger tensors read back as zeros.
+KNOWN_VALUE_MAX_BYTES = 64 * 1024
+
+# id(emulated tensor) -> (weakref to it, its host value): values the host computed anyway (randperm for a sampler),
+# returned by D2H copies of that exact tensor instead of zeros. See Note [Emulated CUDA generators] in rng.py.
+# A "default" entry (all/any results) only stands in for zeros: the value hook, when set, answers first.
+_known: dict[int, tuple[weakref.ref[EmuTensor], torch.Tensor, bool]] = {}
+
+
+def set_known_value(t: EmuTensor, value: torch.Tensor, default: bool = False) -> None:
+    """Record the CPU value of emulated tensor `t`; `.cpu()`/`.tolist()`/`.item()` of `t` return it."""
+    key = id(t)
+    _known[key] = (weakref.ref(t, lambda _ref, key=key: _known.pop(key, None)), value, default)  # type: ignore[misc]
+
+
+def known_value(t: torch.Tensor) -> torch.Tensor | None:
+    """Return the recorded CPU value of `t`, or None."""
+    rec = _known.get(id(t))
+    return rec[1] if rec is not None and rec[0]() is t else None
 
 
 # ---- transfers -----------------------------------------------------------------------------------------------
@@ -84,6 +111,8 @@ def host_to_device(src: torch.Tensor, index: int, non_blocking: bool = False, dt
         device.host_wait(work.end_s, reason="h2d pageable" if not pinned else "h2d blocking")
     if dtype is not None and dtype != src.dtype:
         return run_op(aten._to_copy.default, (out,), {"dtype": dtype})  # type: ignore[no-any-return]
+    if nbytes <= KNOWN_VALUE_MAX_BYTES and src.device.type == "cpu":
+        set_known_value(out, src.clone())  # a copy: the script may refill its host buffer
     return out
 
 
@@ -97,7 +126,11 @@ def device_to_host(t: EmuTensor, reason: str = "d2h", dtype: torch.dtype | None 
     )
     device.stats.d2h_bytes += nbytes
     device.host_wait(work.end_s, reason=reason)
-    out = host_value(tuple(t.shape), t.dtype, reason)
+    rec = _known.get(id(t)) if _known else None
+    if rec is not None and rec[0]() is t and not rec[2]:
+        out = rec[1].clone()
+    else:
+        out = host_value(tuple(t.shape), t.dtype, reason, rec[1] if rec is not None and rec[0]() is t else None)
     return out.to(dtype) if dtype is not None else out
 
 
@@ -235,6 +268,28 @@ def _bool_index(func: Any, args: Any, kwargs: Any) -> Any:
 SPECIAL[aten.index.Tensor] = _bool_index
 SPECIAL[aten.index_put_.default] = _bool_index
 SPECIAL[aten.index_put.default] = _bool_index
+
+
+# Note [Sanity checks read back as passing]: values are not computed, so a check like
+# `if not torch.isfinite(loss).all()` or torch.distributions' argument validation (`constraint.check(x).all()`) would
+# read zeros (False) and fail. gpemu answers the host read of an all() result with True and of an any() result with
+# False (everything valid, nothing flagged), unless the value hook answers.
+
+
+def _all_any(func: Any, args: Any, kwargs: Any) -> Any:
+    out = run_op(func, args, kwargs)
+    if isinstance(out, EmuTensor):
+        fill = func.overloadpacket in (aten.all, aten._is_all_true)
+        set_known_value(out, torch.full(tuple(out.shape), fill, dtype=out.dtype, device="cpu"), default=True)
+    return out
+
+
+for _packet in (aten.all, aten.any):
+    for _name in ("default", "dim", "dims"):
+        if _name in _packet.overloads():
+            SPECIAL[getattr(_packet, _name)] = _all_any
+SPECIAL[aten._is_all_true.default] = _all_any  # torch.distributions' argument validation
+SPECIAL[aten._is_any_true.default] = _all_any
 
 
 def _unsupported_unique(func: Any, args: Any, kwargs: Any) -> Any:

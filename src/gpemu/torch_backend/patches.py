@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from gpemu.torch_backend import cuda_api, state
-from gpemu.torch_backend.ops import device_to_host, host_to_device, peer_copy
+from gpemu.torch_backend import cuda_api, default_device, legacy, profiling, rng, serialization, state
+from gpemu.torch_backend.ops import device_to_host, host_to_device, peer_copy, set_known_value
 from gpemu.torch_backend.pinned import is_pinned, pin
 from gpemu.torch_backend.tensor import META, EmuTensor, charge, wrap
 
@@ -147,6 +147,22 @@ def _patched_numpy(orig: Callable[..., Any]) -> Callable[..., Any]:
     return numpy
 
 
+def _patched_new_tensor(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def new_tensor(self: torch.Tensor, data: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False,
+                   **kwargs: Any) -> Any:
+        if not isinstance(self, EmuTensor) or (device is not None and _cuda_index(device) is None):
+            return orig(self, data, dtype=dtype, device=device, requires_grad=requires_grad, **kwargs)
+        if isinstance(data, torch.Tensor):
+            data = data.detach()
+            out = data.to(device or self.device, dtype or data.dtype, copy=True)
+        else:
+            out = torch.tensor(data, dtype=dtype or self.dtype, device=device or self.device)
+        return out.requires_grad_(True) if requires_grad else out
+
+    return new_tensor
+
+
 def _patched_record_stream(orig: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(orig)
     def record_stream(self: torch.Tensor, stream: Any) -> None:
@@ -160,9 +176,10 @@ def _patched_record_stream(orig: Callable[..., Any]) -> Callable[..., Any]:
 
 _FILL_FACTORIES = ("zeros", "ones", "full", "rand", "randn", "randint", "arange", "eye", "linspace", "logspace",
                    "randperm", "scalar_tensor", "normal", "zeros_like", "ones_like", "full_like", "rand_like",
-                   "randn_like", "randint_like")
-_EMPTY_FACTORIES = ("empty", "empty_strided", "empty_like")
-_HOST_FACTORIES = ("tensor", "as_tensor")
+                   "randn_like", "randint_like", "range", "tril_indices", "triu_indices", "hann_window",
+                   "hamming_window", "blackman_window", "bartlett_window", "kaiser_window")
+_EMPTY_FACTORIES = ("empty", "empty_strided", "empty_like", "empty_permuted")
+_HOST_FACTORIES = ("tensor", "as_tensor", "asarray")
 
 
 def _patched_factory(name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -187,6 +204,10 @@ def _patched_factory(name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
                 args = (args[0]._elem, *args[1:])
             meta = orig(*args, **kwargs)
             out = wrap(meta, index, tag=f"torch.{name}")
+            if name == "randperm":
+                _record_randperm(out, orig, args, kwargs, index)
+            elif name == "full" and meta.numel() <= 16:  # GradScaler's scale, loss-scale style scalars
+                set_known_value(out, orig(*args, **{**kwargs, "device": "cpu"}))
             if kind == "fill":
                 nbytes = meta.numel() * meta.element_size()
                 charge(index, f"{name} (fill)", nbytes / state.require().devices[index].spec.memory_bw_bytes_per_s)
@@ -195,6 +216,16 @@ def _patched_factory(name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
         return out
 
     return factory
+
+
+def _record_randperm(out: EmuTensor, orig: Callable[..., Any], args: Any, kwargs: Any, index: int) -> None:
+    """Draw the permutation on the host too, so a sampler's `randperm(n).tolist()` yields real indices."""
+    generator = kwargs.get("generator")
+    if generator is None and rng._generators:
+        generator = rng._generators[index]
+    host_kwargs = {k: v for k, v in kwargs.items() if k not in ("device", "layout", "out")}
+    host_kwargs["generator"] = generator
+    set_known_value(out, orig(*args, device="cpu", **host_kwargs))
 
 
 # ---- torch.cuda / torch.accelerator --------------------------------------------------------------------------
@@ -211,10 +242,6 @@ def _mem(method: str) -> Callable[..., Any]:
     fn.__name__ = method
     fn.__doc__ = f"Return the emulated allocator's {method}()."
     return fn
-
-
-def _rng_state(device: Any = None) -> torch.Tensor:
-    return torch.zeros(16, dtype=torch.uint8)
 
 
 def cuda_functions(emu: state.Emulation) -> dict[str, Any]:
@@ -239,15 +266,17 @@ def cuda_functions(emu: state.Emulation) -> dict[str, Any]:
         "default_stream": cuda_api.default_stream,
         "set_stream": cuda_api.set_stream,
         "stream": cuda_api.StreamContext,
-        "manual_seed": lambda seed: None,
-        "manual_seed_all": lambda seed: None,
-        "seed": lambda: None,
-        "seed_all": lambda: None,
-        "initial_seed": lambda: 0,
-        "get_rng_state": _rng_state,
-        "set_rng_state": lambda new_state, device=None: None,
-        "get_rng_state_all": lambda: [_rng_state() for _ in range(count)],
-        "set_rng_state_all": lambda new_states: None,
+        **rng.cuda_rng_functions(emu),
+        "device_of": cuda_api.DeviceOf,
+        "StreamContext": cuda_api.StreamContext,
+        "utilization": cuda_api.utilization,
+        "list_gpu_processes": cuda_api.list_gpu_processes,
+        **{name: cuda_api.graphs_unsupported(name) for name in ("CUDAGraph", "graph", "make_graphed_callables",
+                                                                 "graph_pool_handle")},
+        **{name: cuda_api.nvml_unsupported(name) for name in ("temperature", "power_draw", "clock_rate",
+                                                               "memory_usage", "current_blas_handle")},
+        "set_per_process_memory_fraction": cuda_api.set_per_process_memory_fraction,
+        "ipc_collect": lambda: None,
         "is_initialized": lambda: True,
         "is_current_stream_capturing": lambda: False,
         "init": lambda: None,
@@ -263,6 +292,9 @@ def cuda_functions(emu: state.Emulation) -> dict[str, Any]:
         "mem_get_info": _mem("mem_get_info"),
         "memory_stats": cuda_api.memory_stats,
         "memory_summary": cuda_api.memory_summary,
+        "reset_accumulated_memory_stats": cuda_api.reset_accumulated_memory_stats,
+        "_record_memory_history": cuda_api.record_memory_history,
+        "memory_snapshot": cuda_api.memory_snapshot,
     }
 
 
@@ -296,7 +328,8 @@ def apply(emu: state.Emulation, patcher: Patcher) -> None:
     import torch.cuda.memory as cuda_memory
 
     for name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
-                 "reset_peak_memory_stats", "empty_cache", "mem_get_info", "memory_stats"):
+                 "reset_peak_memory_stats", "empty_cache", "mem_get_info", "memory_stats", "memory_summary",
+                 "reset_accumulated_memory_stats", "_record_memory_history", "memory_snapshot"):
         if hasattr(cuda_memory, name):
             patcher.set(cuda_memory, name, getattr(torch.cuda, name))
     if hasattr(torch, "accelerator"):
@@ -306,11 +339,25 @@ def apply(emu: state.Emulation, patcher: Patcher) -> None:
     T = torch.Tensor
     for name, make in (("to", _patched_to), ("cuda", _patched_cuda), ("pin_memory", _patched_pin_memory),
                        ("is_pinned", _patched_is_pinned), ("tolist", _patched_tolist), ("numpy", _patched_numpy),
-                       ("record_stream", _patched_record_stream)):
+                       ("record_stream", _patched_record_stream), ("new_tensor", _patched_new_tensor)):
         patcher.set(T, name, make(getattr(T, name)))
+    constructors = default_device.original_constructors()  # before the factories are patched: the originals
+    route: dict[Any, Callable[..., Any]] = {}
     for name in _FILL_FACTORIES + _EMPTY_FACTORIES + _HOST_FACTORIES:
         if hasattr(torch, name):
-            patcher.set(torch, name, _patched_factory(name, getattr(torch, name)))
+            orig = getattr(torch, name)
+            route[orig] = _patched_factory(name, orig)
+            patcher.set(torch, name, route[orig])
+    default_device.apply(patcher, constructors, route)
+    patcher.set(torch, "Generator", rng.Generator)
+    import torch.cuda.random as cuda_random
+
+    for name in rng.RNG_NAMES:  # `torch.cuda.random.*` and `from torch.cuda.random import ...` users
+        if hasattr(cuda_random, name):
+            patcher.set(cuda_random, name, getattr(torch.cuda, name))
+    legacy.apply(patcher)
+    profiling.apply(patcher)
+    serialization.apply(patcher)
     # optimizers pick their foreach (multi-tensor) path only for these exact types; see Note [Foreach on emulated]
     import torch.optim.optimizer as optim_mod
 
