@@ -395,3 +395,10 @@ def test_cuda_generator_pickles_with_its_device_and_state(emu: gt.Emulation) -> 
         pass
 
     assert isinstance(Seeded(), Seeded)
+
+
+def test_a_known_host_value_is_forgotten_after_an_in_place_device_op(emu: gt.Emulation) -> None:
+    t = torch.tensor([1, 2, 3]).cuda()
+    assert t.tolist() == [1, 2, 3]  # copied from the host: the value is known
+    t.add_(1)  # computed on the (emulated) device: values are not emulated
+    assert t.tolist() == [0, 0, 0]  # not the stale [1, 2, 3]

@@ -95,5 +95,7 @@ def test_unsorted_lengths_are_sorted_by_torch(emu: gt.Emulation) -> None:
     x = torch.randn(3, 4, 2, device="cuda")  # batch_first: 3 sequences of up to 4 steps
     packed = torch.nn.utils.rnn.pack_padded_sequence(x, [2, 4, 3], batch_first=True, enforce_sorted=False)
     assert packed.batch_sizes.tolist() == [3, 3, 2, 1]
-    padded, _lengths = torch.nn.utils.rnn.pad_packed_sequence(packed, batch_first=True)
-    assert padded.shape == (3, 4, 2)
+    # the sort ran on the host (lengths are host values), so its permutation round-trips to the host intact
+    assert packed.sorted_indices.tolist() == [1, 2, 0] and packed.unsorted_indices.tolist() == [2, 0, 1]
+    padded, lengths = torch.nn.utils.rnn.pad_packed_sequence(packed, batch_first=True)
+    assert padded.shape == (3, 4, 2) and lengths.tolist() == [2, 4, 3]  # original order restored

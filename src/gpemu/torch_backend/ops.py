@@ -67,19 +67,33 @@ KNOWN_VALUE_MAX_BYTES = 64 * 1024
 # id(emulated tensor) -> (weakref to it, its host value): values the host computed anyway (randperm for a sampler),
 # returned by D2H copies of that exact tensor instead of zeros. See Note [Emulated CUDA generators] in rng.py.
 # A "default" entry (all/any results) only stands in for zeros: the value hook, when set, answers first.
-_known: dict[int, tuple[weakref.ref[EmuTensor], torch.Tensor, bool]] = {}
+# The entry also holds the tensor's version counter at recording: an in-place op on the device bumps it, and the
+# value (which the device op did not compute) is then forgotten rather than returned stale.
+_known: dict[int, tuple[weakref.ref[EmuTensor], torch.Tensor, bool, int]] = {}
 
 
 def set_known_value(t: EmuTensor, value: torch.Tensor, default: bool = False) -> None:
-    """Record the CPU value of emulated tensor `t`; `.cpu()`/`.tolist()`/`.item()` of `t` return it."""
+    """Record the CPU value of emulated tensor `t`; `.cpu()`/`.tolist()`/`.item()` of `t` return it until `t` is
+    modified in place."""
     key = id(t)
-    _known[key] = (weakref.ref(t, lambda _ref, key=key: _known.pop(key, None)), value, default)  # type: ignore[misc]
+    _known[key] = (weakref.ref(t, lambda _ref, key=key: _known.pop(key, None)), value, default,  # type: ignore[misc]
+                   t._version)
+
+
+def _known_record(t: torch.Tensor) -> tuple[torch.Tensor, bool] | None:
+    rec = _known.get(id(t)) if _known else None
+    if rec is None or rec[0]() is not t:
+        return None
+    if rec[3] != t._version:  # modified on the device since: the value is no longer known
+        _known.pop(id(t), None)
+        return None
+    return rec[1], rec[2]
 
 
 def known_value(t: torch.Tensor) -> torch.Tensor | None:
-    """Return the recorded CPU value of `t`, or None."""
-    rec = _known.get(id(t))
-    return rec[1] if rec is not None and rec[0]() is t else None
+    """Return the recorded CPU value of `t` (None when there is none or `t` was modified in place since)."""
+    rec = _known_record(t)
+    return rec[0] if rec is not None else None
 
 
 # ---- transfers -----------------------------------------------------------------------------------------------
@@ -126,11 +140,11 @@ def device_to_host(t: EmuTensor, reason: str = "d2h", dtype: torch.dtype | None 
     )
     device.stats.d2h_bytes += nbytes
     device.host_wait(work.end_s, reason=reason)
-    rec = _known.get(id(t)) if _known else None
-    if rec is not None and rec[0]() is t and not rec[2]:
-        out = rec[1].clone()
+    rec = _known_record(t)
+    if rec is not None and not rec[1]:
+        out = rec[0].clone()
     else:
-        out = host_value(tuple(t.shape), t.dtype, reason, rec[1] if rec is not None and rec[0]() is t else None)
+        out = host_value(tuple(t.shape), t.dtype, reason, rec[0] if rec is not None else None)
     return out.to(dtype) if dtype is not None else out
 
 

@@ -261,6 +261,22 @@ def patched(mode: str, original: Callable[..., Any]) -> Callable[..., Any]:
     return rnn
 
 
+def _patched_invert(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def invert_permutation(permutation: Any) -> Any:
+        from gpemu.torch_backend.ops import known_value, set_known_value
+
+        value = known_value(permutation) if isinstance(permutation, EmuTensor) else None
+        out = original(permutation)
+        if value is not None:  # the sort ran on the host: its inverse is host work too, and pad_packed needs it
+            inverse = torch.empty_like(value)
+            inverse[value] = torch.arange(value.numel(), dtype=value.dtype)
+            set_known_value(out, inverse)
+        return out
+
+    return invert_permutation
+
+
 def apply(patcher: Any) -> None:
     """Install the fused RNN entry points on torch._VF through `patcher`."""
     from torch import _VF
@@ -270,6 +286,9 @@ def apply(patcher: Any) -> None:
         if original is not None:
             patcher.set(_VF, mode, patched(mode, original))
     patcher.set(_VF, "_pack_padded_sequence", _patched_pack(_VF._pack_padded_sequence))
+    import torch.nn.utils.rnn as rnn_utils
+
+    patcher.set(rnn_utils, "invert_permutation", _patched_invert(rnn_utils.invert_permutation))
     # nn.RNN.flatten_parameters asks cudnn.is_acceptable, which checks the installed cuDNN against the device's
     # compute capability (cuDNN >= 9.11 refuses sm < 7.5): the emulated GPU runs whatever cuDNN its owner would
     import torch.backends.cudnn as cudnn
