@@ -117,3 +117,26 @@ def test_dropin_run_writes_report_and_trace(tmp_path) -> None:  # type: ignore[n
     assert "gpemu run report" in proc.stderr
     names = {e["name"] for e in json.loads(trace.read_text())["traceEvents"]}
     assert "data wait" in names and "iteration 0" in names
+
+
+def test_real_gpu_mode_records_iterations_without_emulating(tmp_path: os.PathLike[str]) -> None:
+    # the reference side of `gpemu validate`: the script runs on whatever the machine has (here the CPU), nothing is
+    # patched, and the run report still times its iterations (here: 4 optimizer steps = 4 boundaries: 3 iterations
+    # closed by the next step, the 4th closed at exit and flagged partial)
+    code = (
+        "import torch; w = torch.nn.Parameter(torch.zeros(4)); opt = torch.optim.SGD([w], lr=0.1)\n"
+        "assert not isinstance(torch.zeros(1), type(None)) and torch.zeros(1).device.type == 'cpu'\n"
+        "import sys; sys.exit(0 if torch.cuda.is_available.__module__ == 'torch.cuda' else 4)\n"
+    )
+    loop = "for _ in range(4):\n    w.sum().backward(); opt.step()\n"
+    report = os.path.join(tmp_path, "real.json")
+    proc = _gpemu("run", "--gpu", "real", "--report-json", report, "--", "python", "-c", code.replace(
+        "import sys", loop + "import sys"))
+    assert proc.returncode == 0, proc.stderr  # 4 would mean torch.cuda was patched (emulation installed)
+    assert "GPU busy" not in proc.stderr and "device activity is not measured" in proc.stderr
+    with open(report, encoding="utf-8") as fh:
+        data = json.load(fh)
+    assert data["gpu"].startswith("real ") and len(data["iterations"]) == 4
+    assert [bool(it.get("partial")) for it in data["iterations"]] == [False, False, False, True]
+    validate = _gpemu("validate", "--gpu-run", report, "--emulated-run", report, "--json", "--warmup", "0")
+    assert validate.returncode == 0 and json.loads(validate.stdout)["median_abs_error_pct"] == 0.0

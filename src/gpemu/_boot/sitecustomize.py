@@ -22,6 +22,17 @@ def _is_multiprocessing_child() -> bool:
 def _boot() -> None:
     if not os.environ.get("GPEMU_GPU") or _is_multiprocessing_child():
         return
+    if os.environ["GPEMU_GPU"] != "real":  # `gpemu run --gpu real`: the real GPU, only the run report
+        _install_emulation()
+    try:
+        from gpemu.report import install_report_from_env
+
+        install_report_from_env()
+    except Exception as exc:
+        print(f"gpemu: run report disabled ({type(exc).__name__}: {exc})", file=sys.stderr)
+
+
+def _install_emulation() -> None:
     try:
         from gpemu.torch_backend import install_from_env  # type: ignore[attr-defined]
     except Exception as exc:  # one clear line, and the script still runs (on the CPU, unemulated)
@@ -33,13 +44,6 @@ def _boot() -> None:
     except Exception as exc:
         print(f"gpemu: could not install the emulated GPU ({type(exc).__name__}: {exc}); the script runs "
               "WITHOUT GPU emulation", file=sys.stderr)
-        return
-    try:
-        from gpemu.report import install_report_from_env
-
-        install_report_from_env()
-    except Exception as exc:
-        print(f"gpemu: run report disabled ({type(exc).__name__}: {exc})", file=sys.stderr)
 
 
 def _chain() -> None:

@@ -17,16 +17,22 @@ from gpemu.units import parse_size
 BOOT_DIR = Path(__file__).resolve().parents[1] / "_boot"
 
 
+REAL_GPU = "real"
+
+
 def build_env(
     gpu: str, count: int, model: str | None, trace: Path | None, report_json: Path | None, memory_limit: str | None,
     base: dict[str, str] | None = None,
 ) -> dict[str, str]:
-    """Return the child's environment: GPEMU_* settings and PYTHONPATH with the start-up hook first."""
-    spec = get_gpu(gpu)  # unknown GPU -> UnknownNameError (exit 2 with the closest names)
+    """Return the child's environment: GPEMU_* settings and PYTHONPATH with the start-up hook first.
+
+    `gpu="real"` runs on the machine's own GPU (nothing emulated) with only the run report, the reference side of
+    `gpemu validate`."""
+    key = REAL_GPU if gpu.strip().lower() == REAL_GPU else get_gpu(gpu).key  # unknown -> UnknownNameError
     if count < 1:
         raise GpemuError(f"--count must be >= 1, got {count}")
     env = dict(os.environ if base is None else base)
-    env["GPEMU_GPU"] = spec.key
+    env["GPEMU_GPU"] = key
     env["GPEMU_COUNT"] = str(count)
     for name, value in (("GPEMU_MODEL", model), ("GPEMU_TRACE", trace), ("GPEMU_REPORT_JSON", report_json)):
         if value:
@@ -47,7 +53,8 @@ def build_env(
 
 def run(
     ctx: typer.Context,
-    gpu: str = typer.Option(..., "--gpu", help="GPU to emulate (e.g. v100, a100, h100; see `gpemu gpus`)."),
+    gpu: str = typer.Option(..., "--gpu", help="GPU to emulate (e.g. v100, a100, h100; see `gpemu gpus`), or `real`: "
+                            "run on this machine's own GPU with only the run report (for `gpemu validate`)."),
     count: int = typer.Option(1, "--count", help="Number of emulated GPUs (cuda:0..N-1)."),
     model: str = typer.Option(None, "--model", help="Profiled workload the script trains (e.g. resnet50)."),
     trace: Path = typer.Option(None, "--trace", help="Write a Perfetto/Chrome trace here at exit."),

@@ -225,6 +225,16 @@ def install_report(
     return report
 
 
+def _real_gpu_name() -> str:
+    """Return the machine's own GPU name, or "(no CUDA GPU)"."""
+    try:
+        import torch
+
+        return str(torch.cuda.get_device_name(0)) if torch.cuda.is_available() else "(no CUDA GPU)"
+    except Exception:  # a broken driver must not stop the script
+        return "(no CUDA GPU)"
+
+
 def install_report_from_env() -> RunReport:
     """Install the report for `gpemu run`: devices from the torch backend, JSON path from GPEMU_REPORT_JSON."""
     trace, model = None, os.environ.get("GPEMU_MODEL") or None
@@ -234,7 +244,10 @@ def install_report_from_env() -> RunReport:
         emulation = current_emulation()
         trace = getattr(emulation, "trace", None)
         model = model or getattr(emulation, "model", None)
-    meta = {"model": model}
+    meta: dict[str, Any] = {"model": model}
+    if os.environ.get("GPEMU_GPU") == "real":  # see `gpemu run --gpu real`: nothing is emulated
+        meta["gpu"] = f"real {_real_gpu_name()}"
+        meta["device_count"] = 1
     report = install_report(json_path=os.environ.get("GPEMU_REPORT_JSON") or None, trace=trace, meta=meta)
     if os.environ.get("GPEMU_MEMORY_REPORT") == "1":
         from gpemu.report.memory import MemoryReport

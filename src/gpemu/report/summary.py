@@ -123,7 +123,7 @@ def render(report: dict[str, Any], console: Console | None = None, title: str = 
     console = console or Console(stderr=True)
     summary = report["summary"]
     if "wall_s" not in summary:
-        console.print(f"[bold]{title}[/]: no iterations recorded (no DataLoader batch was fetched and no optimizer step ran).")
+        console.print(f"[bold]{title}[/]: no iterations recorded (no DataLoader batch was fetched, no optimizer step ran, at most one backward pass).")
         return
     gpu = report.get("gpu") or "?"
     count = report.get("device_count", 1)
@@ -134,9 +134,16 @@ def render(report: dict[str, Any], console: Console | None = None, title: str = 
     table.add_column("median ms", justify="right")
     table.add_column("% of wall", justify="right")
     wall_total = summary["wall_s"]["total"] or 1.0
+    real = str(gpu).startswith("real ")  # `gpemu run --gpu real`: no device model, so no device columns
     for key, label in TIME_COLUMNS:
+        if real and key not in ("wall_s", "data_wait_s"):
+            continue
         stats = summary[key]
         table.add_row(label, f"{stats['mean'] * 1e3:.2f}", f"{stats['median'] * 1e3:.2f}",
                       f"{100.0 * stats['total'] / wall_total:.1f}")
     console.print(table)
+    if real:
+        console.print(f"fetch stall {summary['fetch_stall_pct']:.1f}%   (real GPU: device activity is not measured; "
+                      "compare iteration times with `gpemu validate`)")
+        return
     console.print(f"GPU busy {summary['gpu_busy_pct']:.1f}%   fetch stall {summary['fetch_stall_pct']:.1f}%")
