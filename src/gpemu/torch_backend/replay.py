@@ -36,7 +36,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from gpemu.device.allocator import round_size
 from gpemu.torch_backend import state
 from gpemu.torch_backend import tensor as emu_tensor
-from gpemu.torch_backend.tensor import META, EmuTensor, _empty_strided, wrap
+from gpemu.torch_backend.tensor import META, EmuTensor, fresh, fresh_on
 
 _ACCUMULATE_GRAD = "torch::autograd::AccumulateGrad"
 _QUEUE_WAIT = "launch queue full"
@@ -182,10 +182,7 @@ class _ReplayFn(torch.autograd.Function):
             rec.saved_bytes > 0) else None
         tmp = alloc.malloc(rec.fwd_transient_bytes, stream_id, "replay: forward temporaries") if (
             rec.fwd_transient_bytes > 0) else None
-        outs = tuple(
-            wrap(_empty_strided(shape, stride, dtype=dtype, device=META), rec.index, tag="replay: output")
-            for shape, stride, dtype, _rg in rec.out_meta
-        )
+        outs = tuple(fresh(shape, stride, dtype, rec.index, "replay: output") for shape, stride, dtype, _rg in rec.out_meta)
         if tmp is not None:
             alloc.free(tmp)
         nondiff = [o for o, m in zip(outs, rec.out_meta, strict=True) if not m[3]]
@@ -208,10 +205,9 @@ class _ReplayFn(torch.autograd.Function):
             )
         transient = rec.bwd_peak_bytes - grad_bytes
         tmp = alloc.malloc(transient, stream_id, "replay: backward temporaries") if transient > 0 else None
-        out = [
-            wrap(_empty_strided(m[0], m[1], dtype=m[2], device=META), rec.index, tag="replay: grad") if n else None
-            for m, n in zip(rec.in_meta, needs, strict=True)
-        ]
+        index, malloc = rec.index, alloc.malloc
+        out = [fresh_on(m[0], m[1], m[2], index, "replay: grad", malloc, stream_id) if n else None
+               for m, n in zip(rec.in_meta, needs, strict=True)]
         if tmp is not None:
             alloc.free(tmp)
         if ctx.held is not None:
@@ -268,8 +264,8 @@ class Replayer:
             return orig(module, *args, **kwargs)
         if type(module).__name__ in _NEVER_REPLAY:
             return orig(module, *args, **kwargs)
-        params = list(module.parameters())
-        if not params or not _hooks_free(module):
+        params = _params_if_hook_free(module)
+        if not params:
             return orig(module, *args, **kwargs)
         key = self._key(module, args, kwargs, params)
         if key is None:
@@ -432,17 +428,34 @@ def _direct(params: list[torch.nn.Parameter]) -> tuple[torch.nn.Parameter, ...] 
     return tuple(params)
 
 
-def _hooks_free(module: torch.nn.Module) -> bool:
-    """Return True when no module hook but gpemu's own phase hooks could observe the module's forward/backward."""
+def _params_if_hook_free(module: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """Return module.parameters() as a list, or [] when a module hook (other than gpemu's phase hooks) could observe
+    the module's forward/backward. One walk over the submodules (module.parameters() would walk them again)."""
     m = _nn_module
     if m._global_backward_hooks or m._global_backward_pre_hooks:
-        return False
+        return []
     if len(m._global_forward_hooks) > 1 or len(m._global_forward_pre_hooks) > 1:
-        return False
-    return not any(
-        sub._forward_hooks or sub._forward_pre_hooks or sub._backward_hooks or sub._backward_pre_hooks
-        for sub in module.modules()
-    )
+        return []
+    params: list[torch.nn.Parameter] = []
+    seen: set[int] = set()
+    # module.modules()' pre-order and de-duplication, without named_modules' prefix strings
+    stack = [module]
+    visited: set[int] = set()
+    while stack:
+        sub = stack.pop()
+        if id(sub) in visited:
+            continue
+        visited.add(id(sub))
+        if sub._forward_hooks or sub._forward_pre_hooks or sub._backward_hooks or sub._backward_pre_hooks:
+            return []
+        for p in sub._parameters.values():  # the order and de-duplication of module.parameters()
+            if p is not None and id(p) not in seen:
+                seen.add(id(p))
+                params.append(p)
+        children = sub._modules
+        if children:
+            stack.extend([c for c in reversed(children.values()) if c is not None])
+    return params
 
 
 def patch_module_call(emu: Any, patcher: Any) -> None:

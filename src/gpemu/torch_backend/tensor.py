@@ -20,6 +20,8 @@ from gpemu.torch_backend import state
 from gpemu.torch_backend.shapes import FAST
 
 META = torch.device("meta")
+_make_wrapper = torch.Tensor._make_wrapper_subclass  # type: ignore[attr-defined]
+_DATA: Any = torch._C.TensorBase.data  # the C-level `.data` descriptor (EmuTensor overrides it to keep its key fresh)
 _CUDA_DEVICES = [torch.device("cuda", i) for i in range(64)]
 
 # storage id (StorageImpl address) -> [allocator handle, live wrapper count, device index]. See Note [Memory by
@@ -48,21 +50,40 @@ class EmuTensor(torch.Tensor):
 
     __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
 
+    # (shape, stride, dtype, index): the op cache's key for this tensor, set by __new__/fresh (None: not cacheable).
+    # See Note [Host overhead]
+    _mk: tuple[Any, ...] | None = None
+
     @staticmethod
     def __new__(cls, elem: torch.Tensor, index: int, requires_grad: bool = False) -> EmuTensor:
-        r = torch.Tensor._make_wrapper_subclass(  # type: ignore[attr-defined]
+        shape = elem.shape
+        stride = elem.stride()
+        dtype = elem.dtype
+        r = _make_wrapper(
             cls,
-            elem.shape,
-            strides=elem.stride(),
+            shape,
+            strides=stride,
             storage_offset=elem.storage_offset(),
-            dtype=elem.dtype,
+            dtype=dtype,
             layout=elem.layout,
             device=META,
             requires_grad=requires_grad,
         )
         r._elem = elem
         r._index = index
+        r._mk = (shape, stride, dtype, index)
         return r  # type: ignore[no-any-return]
+
+    @property  # type: ignore[override]
+    def data(self) -> torch.Tensor:
+        """Return the detached alias of this tensor (torch's `.data`)."""
+        return _DATA.__get__(self)  # type: ignore[no-any-return]
+
+    @data.setter
+    def data(self, value: torch.Tensor) -> None:
+        # `p.data = q` (Module._apply, channels_last) changes this wrapper's strides without a dispatch: re-key it
+        _DATA.__set__(self, value)
+        self._mk = (self.shape, self.stride(), self.dtype, self._index)
 
     @property
     def device(self) -> torch.device:  # type: ignore[override]
@@ -115,12 +136,24 @@ class EmuTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:  # type: ignore[override]
-        from gpemu.torch_backend.ops import SPECIAL
-
-        handler = SPECIAL.get(func)
+        special = _special
+        if special is None:
+            special = _load_special()
+        handler = special.get(func)
         if handler is not None:
             return handler(func, args, kwargs or {})
         return run_op(func, args, kwargs or {})
+
+
+_special: dict[Any, Any] | None = None  # gpemu.torch_backend.ops.SPECIAL, bound on first dispatch (import cycle)
+
+
+def _load_special() -> dict[Any, Any]:
+    global _special
+    from gpemu.torch_backend.ops import SPECIAL
+
+    _special = SPECIAL
+    return SPECIAL
 
 
 class _StorageRef(weakref.ref):  # type: ignore[type-arg]
@@ -135,7 +168,15 @@ _refs: set[_StorageRef] = set()  # keeps the references (and so their callbacks)
 
 def _on_dead(ref: _StorageRef) -> None:
     _refs.discard(ref)
-    _release(ref.key)
+    rec = _live.get(ref.key)  # _release(ref.key), inlined: one call per dying wrapper
+    if rec is None:
+        return
+    rec[1] -= 1
+    if rec[1] <= 0:
+        del _live[ref.key]
+        emu = state._current
+        if emu is not None and rec[2] < len(emu.devices):
+            emu.devices[rec[2]].allocator.free(rec[0])
 
 
 def wrap(elem: torch.Tensor, index: int, requires_grad: bool = False, tag: str = "") -> EmuTensor:
@@ -330,26 +371,53 @@ def _tag(func: Any) -> str:
 # - fresh tensors (their sizes, strides, dtypes: rebuilt with empty_strided on meta, no meta kernel), its first
 # argument (in-place ops), None (in-place foreach) - so a repeated op skips unwrapping, the meta kernel and pricing.
 # Views and anything else run the generic path. Whole steps are cheaper still through the replay path (replay.py).
+# Keys: each wrapper carries `_mk` = (shape, stride, dtype, device index), set once at creation, so keying a foreach
+# op over 161 parameters is one attribute read per tensor instead of three C calls; the only way a wrapper's strides
+# change without a dispatch is `t.data = other` (Module._apply, channels_last), and EmuTensor's `data` setter
+# re-keys the wrapper. `_key_of` checks exact types first (EmuTensor, scalars, lists of ints). Fresh outputs of a
+# cached op and replayed outputs/gradients are built by fresh(), which passes the known sizes and strides straight
+# to the wrapper instead of reading them back from the meta tensor.
 
 _FRESH, _ARG0, _NONE, _GENERIC = 0, 1, 2, 3
 _OP_CACHE_MAX = 200_000
 _op_cache: dict[Any, tuple[int, Any, float, str, str]] = {}  # key -> (kind, output metadata, cost, name, tag)
 _empty_strided = torch._C._VariableFunctions.empty_strided  # not torch.empty_strided: gpemu patches that one
 _SIMPLE = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout)
+_SIMPLE_TYPES = frozenset(_SIMPLE)
 
 
 def _key_of(x: Any) -> Any:
     """Return a hashable description of one op argument (None when it has none)."""
+    t = type(x)  # exact-type fast paths first: this runs for every argument of every op
+    if t is EmuTensor:
+        return x._mk
+    if t in _SIMPLE_TYPES:
+        return x
+    if (t is list or t is tuple) and x:
+        t0 = type(x[0])
+        if t0 is EmuTensor:  # foreach / cat: usually all emulated tensors
+            try:
+                keys = tuple([v._mk for v in x])
+            except AttributeError:  # a None or a CPU tensor in the list
+                keys = (None,)
+            if None not in keys:
+                return (t, keys)
+        elif t0 is int:  # sizes, strides, dims: usually all ints
+            parts = tuple(x)
+            for v in parts:
+                if type(v) is not int:
+                    break
+            else:
+                return (t, parts)
+    return _key_of_general(x)
+
+
+def _key_of_general(x: Any) -> Any:
     if isinstance(x, EmuTensor):
-        return (x.shape, x.stride(), x.dtype, x._index)
+        return x._mk
     if isinstance(x, _SIMPLE):
         return x
     if isinstance(x, (list, tuple)):
-        if x and type(x[0]) is EmuTensor:  # foreach / cat: usually all emulated tensors
-            try:
-                return (type(x), tuple([(t.shape, t.stride(), t.dtype, t._index) for t in x]))
-            except AttributeError:  # a None or a CPU tensor in the list
-                pass
         parts = tuple(_key_of(v) for v in x)
         return None if None in parts and any(v is not None for v in x) else (type(x), parts)
     return None
@@ -419,7 +487,35 @@ def _tensors(tree: Any) -> list[torch.Tensor]:
 
 
 def _fresh(meta: Any, index: int, tag: str) -> EmuTensor:
-    return wrap(_empty_strided(meta[0], meta[1], dtype=meta[2], device=META), index, tag=tag)
+    return fresh(meta[0], meta[1], meta[2], index, tag)
+
+
+def fresh(shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype, index: int, tag: str) -> EmuTensor:
+    """Return a new EmuTensor with its own fresh storage (wrap() without reading metadata back from meta)."""
+    emu = state.require()
+    return fresh_on(shape, stride, dtype, index, tag, emu.devices[index].allocator.malloc,
+                    emu.current_stream(index).stream_id)
+
+
+def fresh_on(shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype, index: int, tag: str,
+             malloc: Any, stream_id: int) -> EmuTensor:
+    """Return fresh() with the device's allocator.malloc and the stream id looked up once by the caller (loops)."""
+    elem = _empty_strided(shape, stride, dtype=dtype, device=META)
+    out = _make_wrapper(EmuTensor, shape, strides=stride, dtype=dtype, device=META)
+    out._elem = elem
+    out._index = index
+    out._mk = (shape, stride, dtype, index)
+    storage = elem.untyped_storage()
+    key = storage._cdata
+    rec = _live.get(key)
+    if rec is None:
+        _live[key] = [malloc(storage.nbytes(), stream_id, tag), 1, index]
+    else:  # cannot happen for a fresh storage; kept so the bookkeeping matches wrap()
+        rec[1] += 1
+    ref = _StorageRef(out, _on_dead)
+    ref.key = key
+    _refs.add(ref)
+    return out  # type: ignore[no-any-return]
 
 
 def run_op(func: Any, args: Any, kwargs: Any) -> Any:

@@ -1,0 +1,80 @@
+"""Host-overhead shortcuts keep behaviour: cached per-tensor op keys, fresh(), and the replay path's parameter walk."""
+
+from __future__ import annotations
+
+import torch
+
+import gpemu.torch_backend as gt
+from gpemu.torch_backend import replay
+from gpemu.torch_backend import tensor as emu_tensor
+
+
+def test_cached_key_follows_data_assignment(emu: gt.Emulation) -> None:
+    conv = torch.nn.Conv2d(3, 8, 3).cuda()
+    w = conv.weight
+    assert w._mk == ((8, 3, 3, 3), (27, 9, 3, 1), torch.float32, 0)  # contiguous: 3*3*3=27, 3*3=9, 3, 1
+    conv.to(memory_format=torch.channels_last)  # Module._apply does `w.data = ...`: same object, new strides
+    assert conv.weight is w
+    assert w.stride() == (27, 1, 9, 3)  # channels_last: C=3 innermost, W*C=9, H*W*C=27
+    assert w._mk == (w.shape, (27, 1, 9, 3), torch.float32, 0)
+    # the op cache keys the foreach list by those cached keys
+    key = emu_tensor._key_of([w, w])
+    assert key == (list, (w._mk, w._mk))
+
+
+def test_int_list_key_matches_the_general_path(emu: gt.Emulation) -> None:
+    assert emu_tensor._key_of([1, 2, 3]) == (list, (1, 2, 3))
+    assert emu_tensor._key_of((3, True)) == (tuple, (3, True))  # bool is not int here: the general path
+    x = torch.zeros(2, device="cuda")
+    assert emu_tensor._key_of([1, x]) == (list, (1, x._mk))  # a tensor among ints: the general path, element-wise
+
+
+def test_fresh_allocates_and_frees_one_rounded_block(emu: gt.Emulation) -> None:
+    alloc = emu.devices[0].allocator
+    before = alloc.memory_allocated()
+    live = emu_tensor.live_storage_count()
+    t = emu_tensor.fresh((3, 1000), (1000, 1), torch.float16, 0, "test")
+    assert t.device == torch.device("cuda", 0) and t.shape == (3, 1000) and t.dtype == torch.float16
+    assert t.stride() == (1000, 1) and t._mk == ((3, 1000), (1000, 1), torch.float16, 0)
+    # 3 * 1000 * 2 = 6000 bytes, rounded up to a multiple of 512: 12 * 512 = 6144
+    assert alloc.memory_allocated() - before == 6144
+    assert emu_tensor.live_storage_count() == live + 1
+    view = t[1]  # a view shares the storage: no new allocation, freed with the last wrapper
+    del t
+    assert alloc.memory_allocated() - before == 6144
+    del view
+    assert alloc.memory_allocated() == before
+    assert emu_tensor.live_storage_count() == live
+
+
+def test_param_walk_matches_module_parameters_and_sees_hooks(emu: gt.Emulation) -> None:
+    emb = torch.nn.Embedding(10, 4).cuda()
+    head = torch.nn.Linear(4, 10).cuda()
+    head.weight = emb.weight  # tied weights: listed once, in module.parameters() order
+    model = torch.nn.Sequential(emb, torch.nn.Sequential(torch.nn.ReLU(), head))
+    got = replay._params_if_hook_free(model)
+    assert [id(p) for p in got] == [id(p) for p in model.parameters()]
+    assert len(got) == 2  # the tied weight once + head.bias
+    handle = model[1][0].register_forward_hook(lambda m, i, o: None)
+    assert replay._params_if_hook_free(model) == []
+    handle.remove()
+    assert len(replay._params_if_hook_free(model)) == 2
+
+
+def test_param_walk_keeps_module_order_with_a_shared_submodule(emu: gt.Emulation) -> None:
+    shared = torch.nn.Linear(2, 2).cuda()
+    first = torch.nn.Sequential(torch.nn.Linear(2, 2), shared).cuda()
+    model = torch.nn.Sequential(first, torch.nn.Linear(2, 2), shared).cuda()  # `shared` reached twice
+    got = replay._params_if_hook_free(model)
+    # pre-order, first visit wins: first[0].weight/bias, shared.weight/bias, model[1].weight/bias = 6 tensors
+    assert [id(p) for p in got] == [id(p) for p in model.parameters()]
+    assert len(got) == 6
+
+
+def test_a_wrapper_without_a_cached_key_is_not_cached(emu: gt.Emulation) -> None:
+    x = torch.zeros(4, device="cuda")
+    del x._mk  # as if built by a path that did not key it: the class default None applies
+    assert x._mk is None
+    assert emu_tensor._op_key(torch.ops.aten.add.Tensor, (x, x), {}, emu) is None  # no key: the generic path
+    assert emu_tensor._key_of([x, x]) is None  # the general path sees a tensor with no key
+    assert (x + 1).shape == (4,)  # and the op still runs
