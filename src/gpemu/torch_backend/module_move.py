@@ -1,0 +1,113 @@
+"""Moving modules to the emulated GPU keeps parameter identity, as `Module.cuda()` does on a real GPU.
+
+Note [Module moves keep identity]: on a real GPU, `Module._apply` (behind `.cuda()`, `.to()`, `.half()`) changes each
+parameter in place (`param.data = param.cuda()`), so the Parameter objects survive the move: weights tied between two
+modules (GPT-2's token embedding and output layer) stay one tensor, and an optimizer built *before* `model.cuda()`
+still holds the model's parameters. Our emulated tensors are a different TensorImpl type than CPU tensors, torch
+refuses that in-place change, and `_apply` creates new Parameter objects instead: a tie came apart (two tensors,
+memory counted twice, separate gradients) and such an optimizer kept stepping the old CPU parameters. So after the
+outermost `_apply` of a move onto the emulated device, every parameter and buffer that moved is swapped back into its
+original Python object (`torch.utils.swap_tensors`; gpemu's own weak references are moved across) and every module
+slot that shared the original object gets it again. If a swap is impossible (some other weak reference to the
+tensor), the slots still share one new tensor and a one-time warning says that references taken before the move see
+the CPU tensor.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from gpemu.errors import GpemuWarning
+from gpemu.torch_backend import ops, state
+from gpemu.torch_backend import tensor as emu_tensor
+from gpemu.torch_backend.tensor import EmuTensor
+
+_tls = threading.local()
+_warned = False
+Slot = tuple[dict[str, Any], str]  # (module._parameters or module._buffers, name)
+
+
+def _slots(root: torch.nn.Module) -> dict[int, tuple[Any, list[Slot]]]:
+    """Return id(tensor) -> (tensor, every parameter/buffer slot holding it) over the module tree."""
+    out: dict[int, tuple[Any, list[Slot]]] = {}
+    for module in root.modules():
+        for table in (module._parameters, module._buffers):
+            for name, value in table.items():
+                if value is not None:
+                    out.setdefault(id(value), (value, []))[1].append((table, name))
+    return out
+
+
+def _adopt(old: torch.Tensor, new: EmuTensor) -> bool:
+    """Make the Python object `old` be the emulated tensor `new` (swap their contents); return False if impossible."""
+    if weakref.getweakrefs(old):
+        return False
+    refs = [r for r in weakref.getweakrefs(new) if isinstance(r, emu_tensor._StorageRef)]
+    keys = [r.key for r in refs]
+    emu_tensor._refs.difference_update(refs)  # the references die without their callbacks: storage stays accounted
+    del refs
+    ops._known.pop(id(new), None)
+    if weakref.getweakrefs(new):  # someone else watches `new`: put ours back and give up
+        _track(new, keys)
+        return False
+    try:
+        torch.utils.swap_tensors(old, new)
+    except RuntimeError:
+        _track(new, keys)
+        return False
+    _track(old, keys)
+    return True
+
+
+def _track(t: torch.Tensor, keys: list[int]) -> None:
+    for key in keys:
+        ref = emu_tensor._StorageRef(t, emu_tensor._on_dead)
+        ref.key = key
+        emu_tensor._refs.add(ref)
+
+
+def _restore_identity(before: dict[int, tuple[Any, list[Slot]]]) -> None:
+    global _warned
+    for old, slots in before.values():
+        table, name = slots[0]
+        new = table.get(name)
+        if new is None or new is old:
+            continue
+        keep = old if isinstance(new, EmuTensor) and not isinstance(old, EmuTensor) and _adopt(old, new) else new
+        if keep is new and isinstance(new, EmuTensor) and not _warned:
+            _warned = True
+            warnings.warn("gpemu: a parameter could not keep its identity when moved to the emulated GPU; objects "
+                          "taken before the move (e.g. an optimizer built before model.cuda()) still see the CPU "
+                          "tensor", GpemuWarning, stacklevel=4)
+        for t, n in slots:
+            t[n] = keep
+
+
+def patched_apply(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Return a `Module._apply` that keeps parameter identity across moves to the emulated GPU."""
+
+    def _apply(self: torch.nn.Module, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(_tls, "depth", 0) or state.current_emulation() is None:
+            return original(self, fn, *args, **kwargs)
+        before = _slots(self)
+        _tls.depth = 1
+        try:
+            out = original(self, fn, *args, **kwargs)
+        finally:
+            _tls.depth = 0
+        _restore_identity(before)
+        return out
+
+    _apply.__wrapped__ = original  # type: ignore[attr-defined]
+    return _apply
+
+
+def apply(patcher: Any) -> None:
+    """Install the identity-keeping `Module._apply` through `patcher`."""
+    patcher.set(torch.nn.Module, "_apply", patched_apply(torch.nn.Module._apply))

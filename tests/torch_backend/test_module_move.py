@@ -1,0 +1,40 @@
+"""Moving a module to the emulated GPU keeps parameter identity: tied weights stay tied, early optimizers work."""
+
+from __future__ import annotations
+
+import torch
+
+import gpemu.torch_backend as gt
+from gpemu.torch_backend import EmuTensor
+
+
+def _tied() -> torch.nn.Sequential:
+    emb = torch.nn.Embedding(1000, 64)
+    head = torch.nn.Linear(64, 1000, bias=False)
+    head.weight = emb.weight  # GPT-2 style weight tying
+    return torch.nn.Sequential(emb, torch.nn.Linear(64, 64), head)
+
+
+def test_tied_weights_stay_one_tensor_and_are_counted_once(emu: gt.Emulation) -> None:
+    model = _tied().cuda()
+    assert model[2].weight is model[0].weight and isinstance(model[0].weight, EmuTensor)
+    assert len(list(model.parameters())) == 3  # tied weight, then the middle Linear's weight and bias
+    # 1000*64*4 = 256000 (tied, once) + 64*64*4 = 16384 + bias 64*4 = 256 -> one 512-byte block: 272896
+    assert torch.cuda.memory_allocated() == 272896
+
+
+def test_an_optimizer_built_before_the_move_steps_the_emulated_parameters(emu: gt.Emulation) -> None:
+    model = _tied()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ids = [id(p) for p in model.parameters()]
+    model.to("cuda")
+    assert [id(p) for p in model.parameters()] == ids  # the same Python objects, now emulated
+    assert all(isinstance(p, EmuTensor) and isinstance(p, torch.nn.Parameter) for p in opt.param_groups[0]["params"])
+    model(torch.randint(0, 1000, (8,), device="cuda")).sum().backward()
+    opt.step()
+    assert isinstance(opt.state[model[0].weight]["momentum_buffer"], EmuTensor)  # the step ran on the device
+
+
+def test_later_dtype_moves_keep_the_tie(emu: gt.Emulation) -> None:
+    model = _tied().cuda().half()
+    assert model[2].weight is model[0].weight and model[0].weight.dtype == torch.float16
