@@ -100,3 +100,32 @@ def test_open_iteration_is_closed_partial_at_last_gpu_activity() -> None:
     (row,) = iteration_rows(col)
     assert row["partial"]
     assert row["wall_s"] == pytest.approx(0.040005)
+
+
+def _row(wall_s: float, busy_s: float, emulator_s: float) -> dict[str, object]:
+    row: dict[str, object] = {key: 0.0 for key in ("data_wait_s", "h2d_s", "gpu_idle_data_s", "sync_wait_s")}
+    row.update(wall_s=wall_s, gpu_busy_s=busy_s, gpu_idle_s=wall_s - busy_s, emulator_s=emulator_s, partial=False)
+    return row
+
+
+def test_a_run_bound_by_the_emulator_is_flagged() -> None:
+    # 3 iterations of 100 ms: GPU busy 20 ms, emulator's own host work 60 ms -> 60% >= 50% and idle 80% >= 25%
+    bound = summarize([_row(0.100, 0.020, 0.060)] * 3, warmup=0)
+    assert bound["emulation_bound"] and bound["emulator_s"]["median"] == pytest.approx(0.060)
+    # the same emulator time on a GPU-bound run (busy 90 ms, idle 10% < 25%) is hidden behind the GPU: not flagged
+    assert not summarize([_row(0.100, 0.090, 0.060)] * 3, warmup=0)["emulation_bound"]
+
+
+def test_the_meter_is_read_at_iteration_boundaries() -> None:
+    meter = {"v": (0.0, 0)}
+    clock = ManualClock()
+    col = RunCollector([], clock.now, emulator_meter=lambda: meter["v"])
+    col.mark_iteration()
+    meter["v"] = (0.004, 120)  # 4 ms and 120 ops of emulator work during the first iteration
+    clock.advance(0.010)
+    col.mark_iteration()
+    clock.advance(0.010)
+    col.finish()
+    rows = iteration_rows(col)
+    assert rows[0]["emulator_s"] == pytest.approx(0.004) and rows[0]["emulator_ops"] == 120
+    assert rows[1]["emulator_s"] == 0.0  # nothing moved during the second

@@ -78,6 +78,8 @@ class IterationWindow:
     sync_wait_end_s: float = 0.0
     h2d_bytes_start: int = 0
     h2d_bytes_end: int = 0
+    emulator_start: tuple[float, int] = (0.0, 0)  # (seconds, ops) of the emulator's own host work, at the start
+    emulator_end: tuple[float, int] = (0.0, 0)
     partial: bool = False
 
 
@@ -89,8 +91,11 @@ class RunCollector:
         devices: Callable[[], list[EmulatedGPU]] | list[EmulatedGPU] | None = None,
         clock: Callable[[], float] = time.perf_counter,
         trace: Any = None,
+        emulator_meter: Callable[[], tuple[float, int]] | None = None,
     ) -> None:
         self._devices_provider = devices if callable(devices) else (lambda: list(devices or []))
+        # (host seconds, ops) the emulator itself spent so far; see Note [Emulator host time] in torch_backend/tensor.py
+        self.emulator_meter = emulator_meter
         self.now = clock
         self.trace = trace
         self.devices: list[EmulatedGPU] = []
@@ -142,6 +147,8 @@ class RunCollector:
             win.fetches.append((start_s, end_s))
             win.sync_wait_start_s = self._sync_wait_total()
             win.h2d_bytes_start = self._h2d_bytes_total()
+            if self.emulator_meter is not None:
+                win.emulator_start = self.emulator_meter()
             self.iterations.append(win)
             self._open = win
             if self.trace is not None:
@@ -166,6 +173,8 @@ class RunCollector:
         win.partial = partial
         win.sync_wait_end_s = self._sync_wait_total()
         win.h2d_bytes_end = self._h2d_bytes_total()
+        if self.emulator_meter is not None:
+            win.emulator_end = self.emulator_meter()
         self._open = None
         if self.trace is not None:
             self.trace.host_span(f"iteration {win.index}", win.start_s, win.end_s, category="iteration")

@@ -34,6 +34,16 @@ def _torch_backend_devices() -> list[EmulatedGPU]:
     return list(emulation.devices) if emulation is not None else []
 
 
+def _torch_backend_meter() -> Callable[[], tuple[float, int]] | None:
+    """Return the drop-in backend's emulator host-time meter when an emulation is installed, else None."""
+    try:
+        from gpemu.torch_backend import current_emulation  # type: ignore[attr-defined]
+        from gpemu.torch_backend.tensor import emulator_host_time
+    except ImportError:
+        return None
+    return emulator_host_time if current_emulation() is not None else None
+
+
 # Note [Iteration boundaries]
 # An iteration ends at each DataLoader fetch (the loader's wait is then measured). Loops without a DataLoader
 # (nanoGPT-style, in-memory batches) end one at each optimizer.step(). Loops with neither (pytorch/examples
@@ -54,8 +64,10 @@ class RunReport:
         clock: Callable[[], float] = time.perf_counter,
         trace: Any = None,
         meta: dict[str, Any] | None = None,
+        emulator_meter: Callable[[], tuple[float, int]] | None = None,
     ) -> None:
-        self.collector = RunCollector(devices if devices is not None else _torch_backend_devices, clock, trace)
+        self.collector = RunCollector(devices if devices is not None else _torch_backend_devices, clock, trace,
+                                      emulator_meter if emulator_meter is not None else _torch_backend_meter())
         self.json_path = Path(json_path) if json_path else None
         self.warmup = warmup
         self.print_summary = print_summary

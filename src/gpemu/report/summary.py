@@ -24,7 +24,12 @@ TIME_COLUMNS: tuple[tuple[str, str], ...] = (
     ("gpu_idle_s", "GPU idle"),
     ("gpu_idle_data_s", "  of which while host waited for data"),
     ("sync_wait_s", "host blocked on the GPU (syncs)"),
+    ("emulator_s", "emulator's own host time"),
 )
+# A run is called bound by emulation when the emulator's own host time is at least this share of the iteration and
+# the emulated GPU sat idle at least EMULATION_BOUND_IDLE of it: a real GPU's host would have kept it busier.
+EMULATION_BOUND_SHARE = 0.5
+EMULATION_BOUND_IDLE = 0.25
 
 
 def iteration_rows(collector: RunCollector) -> list[dict[str, Any]]:
@@ -61,6 +66,8 @@ def iteration_rows(collector: RunCollector) -> list[dict[str, Any]]:
             "gpu_idle_s": max(0.0, wall - gpu_busy),
             "gpu_idle_data_s": sum(idle_data_per_dev) / n_dev,
             "sync_wait_s": win.sync_wait_end_s - win.sync_wait_start_s,
+            "emulator_s": win.emulator_end[0] - win.emulator_start[0],
+            "emulator_ops": win.emulator_end[1] - win.emulator_start[1],
             "h2d_bytes": win.h2d_bytes_end - win.h2d_bytes_start,
             "gpu_busy_pct": 100.0 * gpu_busy / wall if wall > 0 else 0.0,
             "fetch_stall_pct": 100.0 * data_wait / wall if wall > 0 else 0.0,
@@ -90,6 +97,9 @@ def summarize(rows: list[dict[str, Any]], warmup: int = 1) -> dict[str, Any]:
     wall_total = out["wall_s"]["total"]
     out["gpu_busy_pct"] = 100.0 * out["gpu_busy_s"]["total"] / wall_total if wall_total > 0 else 0.0
     out["fetch_stall_pct"] = 100.0 * out["data_wait_s"]["total"] / wall_total if wall_total > 0 else 0.0
+    emu_share = out["emulator_s"]["total"] / wall_total if wall_total > 0 else 0.0
+    idle_share = out["gpu_idle_s"]["total"] / wall_total if wall_total > 0 else 0.0
+    out["emulation_bound"] = emu_share >= EMULATION_BOUND_SHARE and idle_share >= EMULATION_BOUND_IDLE
     return out
 
 
@@ -147,3 +157,9 @@ def render(report: dict[str, Any], console: Console | None = None, title: str = 
                       "compare iteration times with `gpemu validate`)")
         return
     console.print(f"GPU busy {summary['gpu_busy_pct']:.1f}%   fetch stall {summary['fetch_stall_pct']:.1f}%")
+    if summary.get("emulation_bound"):
+        console.print(
+            f"[yellow]note[/]: this run is bound by the emulator's own host work ({summary['emulator_s']['median'] * 1e3:.1f}"
+            f" of {summary['wall_s']['median'] * 1e3:.1f} ms per iteration, GPU idle {100 - summary['gpu_busy_pct']:.0f}%):"
+            " a real GPU's host dispatches ops several times faster, so real iterations would be shorter and the GPU "
+            "busier. Replayed steps (fixed shapes) cost far less; see docs/drop-in.md, 'Host overhead'.")

@@ -10,6 +10,7 @@ Python, not by the C++ dispatcher.
 
 from __future__ import annotations
 
+import time
 import weakref
 from typing import Any
 
@@ -140,9 +141,33 @@ class EmuTensor(torch.Tensor):
         if special is None:
             special = _load_special()
         handler = special.get(func)
-        if handler is not None:
-            return handler(func, args, kwargs or {})
-        return run_op(func, args, kwargs or {})
+        meter = _meter
+        if meter[2]:  # nested inside another op's handling: the outer call is being timed
+            return handler(func, args, kwargs or {}) if handler is not None else run_op(func, args, kwargs or {})
+        meter[2] = 1
+        t0 = _perf_counter()
+        try:
+            if handler is not None:
+                return handler(func, args, kwargs or {})
+            return run_op(func, args, kwargs or {})
+        finally:
+            meter[0] += _perf_counter() - t0
+            meter[1] += 1
+            meter[2] = 0
+
+
+# Note [Emulator host time]: host seconds spent inside gpemu's op handling and the number of ops handled, counted at
+# the outermost __torch_dispatch__ (~0.3 us per op). It is a lower bound of what emulation costs the script's thread:
+# torch's own dispatch into Python (~8 us per op) and autograd are not inside it. The run report shows it per
+# iteration and says when a run is bound by it rather than by the emulated GPU.
+_meter: list[Any] = [0.0, 0, 0]  # [seconds, ops, depth]
+_perf_counter = time.perf_counter
+
+
+def emulator_host_time() -> tuple[float, int]:
+    """Return (seconds inside gpemu's op handling, ops handled) since the process started (Note [Emulator host
+    time])."""
+    return float(_meter[0]), int(_meter[1])
 
 
 _special: dict[Any, Any] | None = None  # gpemu.torch_backend.ops.SPECIAL, bound on first dispatch (import cycle)
