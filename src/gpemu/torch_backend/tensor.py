@@ -474,6 +474,15 @@ def _first_index(args: Any) -> int | None:
     return None
 
 
+class _Const:
+    """A non-tensor value in a cached op's output tuple (returned as is on a cache hit)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
 def _out_meta(out: Any, uargs: Any, ukwargs: Any, func: Any) -> tuple[int, Any]:
     """Return (kind, metadata) describing what `func` returned, for the op cache."""
     mutable = func._schema.is_mutable
@@ -488,6 +497,9 @@ def _out_meta(out: Any, uargs: Any, ukwargs: Any, func: Any) -> tuple[int, Any]:
     for t in out if isinstance(out, (tuple, list)) else (out,):
         if t is None:
             metas.append(None)
+            continue
+        if type(t) in (int, float, bool) and isinstance(out, (tuple, list)):  # e.g. flash attention's max_q
+            metas.append(_Const(t))
             continue
         if not isinstance(t, torch.Tensor) or t.device.type != "meta" or t.storage_offset():
             return _GENERIC, None
@@ -562,7 +574,8 @@ def run_op(func: Any, args: Any, kwargs: Any) -> Any:
             if kind == _FRESH:
                 if isinstance(meta[0], tuple):
                     return _fresh(meta, index, tag)
-                return meta[0](None if m is None else _fresh(m, index, tag) for m in meta[1])
+                return meta[0](None if m is None else m.value if type(m) is _Const else _fresh(m, index, tag)
+                               for m in meta[1])
             return args[0] if kind == _ARG0 else None
     uargs, ukwargs, index, wrappers = unwrap_all(args, kwargs)
     if emu.autocast_seen:
