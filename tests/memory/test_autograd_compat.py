@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -75,3 +76,41 @@ def test_mobilenet_v2_peak_matches_gpemu_measurement(shared_data: Path) -> None:
     assert abs(legacy / measured - 1) < 0.01
     # the clone rule holds one more copy of every ReLU6 input: at least 32 * 19 MiB more at batch 32
     assert clone - legacy > 32 * 19.0
+
+
+def _aten_ops(fn: Any) -> list[str]:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    names: list[str] = []
+
+    class Spy(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            names.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    with Spy():
+        fn()
+    return names
+
+
+def test_cuda_dropout_runs_the_fused_kernel_on_meta() -> None:
+    from gpemu.memory.autograd_compat import cuda_dropout
+
+    x = torch.empty(256, 1024, device="meta")
+    plain = _aten_ops(lambda: torch.nn.functional.dropout(x, 0.5))
+    assert "bernoulli_.float" in plain  # the composite path: a noise tensor in fp32 (4 bytes per element)
+    with cuda_dropout():
+        fused = _aten_ops(lambda: torch.nn.functional.dropout(x, 0.5))
+    assert fused == ["native_dropout.default"]  # CUDA's kernel: output + a 1-byte mask
+
+
+def test_cuda_sdpa_routes_meta_tensors_like_the_gpu() -> None:
+    from gpemu.memory.autograd_compat import cuda_sdpa
+
+    q = torch.empty(2, 4, 128, 64, device="meta", dtype=torch.float16)
+    with cuda_sdpa((8, 0)):
+        a100 = _aten_ops(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q))
+    with cuda_sdpa((7, 0)):
+        v100 = _aten_ops(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q))
+    assert a100 == ["_scaled_dot_product_flash_attention.default"]  # sm80, fp16, no mask
+    assert v100 == ["_scaled_dot_product_efficient_attention.default"]  # no flash before sm80

@@ -74,3 +74,35 @@ def legacy_hardtanh() -> Iterator[None]:
             if _depth == 0 and _library is not None:
                 _library._destroy()
                 _library = None
+
+
+@contextlib.contextmanager
+def cuda_dropout() -> Iterator[None]:
+    """Within the block, dropout on meta tensors runs CUDA's fused `native_dropout` (a 1-byte mask saved, not a noise
+    tensor in the input dtype); see Note [Fused dropout] in gpemu/torch_backend/dropout.py."""
+    from torch import _VF
+
+    from gpemu.torch_backend.dropout import patched
+
+    original = _VF.dropout
+    _VF.dropout = patched(original, lambda t: isinstance(t, torch.Tensor) and t.device.type == "meta")
+    try:
+        yield
+    finally:
+        _VF.dropout = original
+
+
+@contextlib.contextmanager
+def cuda_sdpa(capability: tuple[int, int]) -> Iterator[None]:
+    """Within the block, `F.scaled_dot_product_attention` on meta tensors uses the fused kernel a GPU of `capability`
+    would (no score matrix held); see Note [SDPA backend choice] in gpemu/torch_backend/sdpa.py."""
+    import torch.nn.functional as F
+
+    from gpemu.torch_backend.sdpa import patched_for_meta
+
+    original = F.scaled_dot_product_attention
+    F.scaled_dot_product_attention = patched_for_meta(original, capability)
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = original

@@ -13,7 +13,7 @@ from torch import nn
 from gpemu.device.allocator import MIB, CachingAllocator, EmulatedOutOfMemoryError
 from gpemu.errors import UnknownNameError
 from gpemu.hardware import GPUSpec, get_gpu
-from gpemu.memory.autograd_compat import legacy_hardtanh
+from gpemu.memory.autograd_compat import cuda_dropout, cuda_sdpa, legacy_hardtanh
 from gpemu.memory.tracker import MemoryTracker
 from gpemu.memory.workspaces import cublas_workspace_bytes
 
@@ -130,12 +130,15 @@ def simulate_training(
     cublas_workspace: int = 0,
     loss_fn: Callable[..., torch.Tensor] | None = None,
     hardtanh_inplace_clone: bool = True,
+    compute_capability: tuple[int, int] = (8, 0),
 ) -> StepMemory:
     """Run `iterations` SGD-momentum training steps of a meta-device model, charging memory to `allocator`.
 
     The model and batch must live on `meta`; their storages are charged first (model.cuda(), then the batch copy).
     hardtanh_inplace_clone=True keeps the installed torch's autograd (>= 1.10: hardtanh_ saves a copy of its input);
     False applies torch <= 1.9's rule, which GPEmu's data follow. See Note [GPEmu memory semantics].
+    Dropout and attention run the fused CUDA kernels a GPU of `compute_capability` would (1-byte dropout masks; flash
+    or memory-efficient attention without a stored score matrix).
     """
     tracker = MemoryTracker(allocator, cublas_workspace_bytes=cublas_workspace)
     params = list(model.parameters())
@@ -154,6 +157,8 @@ def simulate_training(
     with tracker, contextlib.ExitStack() as stack:
         if not hardtanh_inplace_clone:
             stack.enter_context(legacy_hardtanh())
+        stack.enter_context(cuda_dropout())
+        stack.enter_context(cuda_sdpa(compute_capability))
         for _ in range(iterations):
             allocator.reset_peak_memory_stats()
             with _module_tags(model, tracker, "forward"):
@@ -211,7 +216,7 @@ def _simulate_cached(
     model, batch = build_workload(workload, batch_size, dtype, source)
     workspace = cublas_workspace_bytes(spec) if cublas_workspace else 0
     return simulate_training(model, batch, allocator, iterations, set_to_none, workspace, _zoo_loss(workload),
-                             hardtanh_inplace_clone)
+                             hardtanh_inplace_clone, tuple(spec.compute_capability))  # type: ignore[arg-type]
 
 
 def _zoo_loss(workload: str) -> Callable[..., torch.Tensor] | None:

@@ -11,7 +11,7 @@ import torch
 from gpemu.device import EmulatedGPU, TraceRecorder
 from gpemu.errors import GpemuError
 from gpemu.hardware import get_gpu
-from gpemu.torch_backend import module_move, rnn, sdpa, state
+from gpemu.torch_backend import dropout, module_move, rnn, sdpa, state
 from gpemu.torch_backend.patches import Patcher, apply
 from gpemu.torch_backend.phases import PhaseLookup, PhaseTracker, model_from_env
 from gpemu.torch_backend.replay import Replayer, patch_module_call, replay_enabled_from_env
@@ -57,6 +57,7 @@ def install(
     rnn.apply(_patcher)
     module_move.apply(_patcher)
     sdpa.apply(_patcher)
+    dropout.apply(_patcher)
     _patch_autocast(_patcher, emu)
     if replay if replay is not None else replay_enabled_from_env():
         emu.replay = Replayer(emu)

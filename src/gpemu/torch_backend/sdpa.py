@@ -57,6 +57,26 @@ def _as_bias(attn_mask: Any, q: torch.Tensor, k: torch.Tensor, dtype: torch.dtyp
     return attn_mask.to(dtype).expand(shape)
 
 
+def fused_sdpa(original: Callable[..., Any], capability: tuple[int, int], dtype: torch.dtype, query: Any, key: Any,
+               value: Any, attn_mask: Any = None, dropout_p: float = 0.0, is_causal: bool = False,
+               scale: float | None = None, enable_gqa: bool = False) -> Any:
+    """Return SDPA computed with the kernel a GPU of `capability` would run in `dtype` (math: `original`)."""
+    backend = "math" if enable_gqa or query.is_nested else choose_backend(query, key, value, attn_mask, capability,
+                                                                           dtype)
+    if backend == "math":
+        return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                        scale=scale, enable_gqa=enable_gqa)
+    if query.dtype != dtype:  # autocast: the fused kernels run in the autocast dtype
+        query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
+    if backend == "flash":
+        return aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, False,
+                                                        scale=scale)[0]
+    needs_grad = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
+    bias = _as_bias(attn_mask, query, key, dtype)
+    return aten._scaled_dot_product_efficient_attention(query, key, value, bias, needs_grad, dropout_p, is_causal,
+                                                        scale=scale)[0]
+
+
 def patched(original: Callable[..., Any]) -> Callable[..., Any]:
     """Return an `F.scaled_dot_product_attention` that routes emulated inputs to the fused kernels."""
 
@@ -65,25 +85,31 @@ def patched(original: Callable[..., Any]) -> Callable[..., Any]:
                                      dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
                                      enable_gqa: bool = False) -> Any:
         emu = state.current_emulation()
-        if (emu is None or enable_gqa or not isinstance(query, EmuTensor) or not isinstance(key, EmuTensor)
-                or not isinstance(value, EmuTensor) or query.is_nested):
+        if (emu is None or not isinstance(query, EmuTensor) or not isinstance(key, EmuTensor)
+                or not isinstance(value, EmuTensor)):
             return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                             scale=scale, enable_gqa=enable_gqa)
-        dtype = emu.autocast_dtype() or query.dtype
         capability = tuple(emu.devices[query._index].spec.compute_capability)
-        backend = choose_backend(query, key, value, attn_mask, capability, dtype)  # type: ignore[arg-type]
-        if backend == "math":
+        return fused_sdpa(original, capability, emu.autocast_dtype() or query.dtype, query, key,  # type: ignore[arg-type]
+                          value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+
+    return scaled_dot_product_attention
+
+
+def patched_for_meta(original: Callable[..., Any], capability: tuple[int, int]) -> Callable[..., Any]:
+    """Return an `F.scaled_dot_product_attention` that routes plain meta tensors as a GPU of `capability` would
+    (the memory predictor's simulation: gpemu.memory)."""
+
+    @functools.wraps(original)
+    def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: Any = None,
+                                     dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+                                     enable_gqa: bool = False) -> Any:
+        if not (isinstance(query, torch.Tensor) and query.device.type == "meta"):
             return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                             scale=scale, enable_gqa=enable_gqa)
-        if query.dtype != dtype:  # autocast: the fused kernels run in the autocast dtype
-            query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
-        if backend == "flash":
-            return aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, False,
-                                                            scale=scale)[0]
-        needs_grad = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
-        bias = _as_bias(attn_mask, query, key, dtype)
-        return aten._scaled_dot_product_efficient_attention(query, key, value, bias, needs_grad, dropout_p,
-                                                            is_causal, scale=scale)[0]
+        dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else query.dtype
+        return fused_sdpa(original, capability, dtype, query, key, value, attn_mask, dropout_p, is_causal, scale,
+                          enable_gqa)
 
     return scaled_dot_product_attention
 
