@@ -290,20 +290,23 @@ def list_gpu_processes(device: Any = None) -> str:
     return f"GPU:{gpu.index}\nprocess {os.getpid():>10d} uses {mib:12.3f} MB GPU memory"
 
 
-def nvml_unsupported(name: str) -> Any:
-    """Return a stand-in for an NVML/driver query gpemu does not model: it raises a GpemuError naming `name`."""
+def _unsupported(name: str, message: str) -> Any:
+    """Return a stand-in for torch.cuda.`name` that raises a GpemuError with `message`."""
 
     def fn(*args: Any, **kwargs: Any) -> Any:
         from gpemu.errors import GpemuError
 
-        raise GpemuError(
-            f"torch.cuda.{name}() is not emulated (it reads NVML/driver state gpemu does not model). Workaround: "
-            "guard the call (`if not os.environ.get('GPEMU_GPU')`) or drop it; torch.cuda.utilization() and the "
-            "memory API (memory_allocated, mem_get_info) are emulated."
-        )
+        raise GpemuError(message)
 
     fn.__name__ = name
     return fn
+
+
+def nvml_unsupported(name: str) -> Any:
+    """Return a stand-in for an NVML/driver query gpemu does not model: it raises a GpemuError naming `name`."""
+    return _unsupported(name, f"torch.cuda.{name}() is not emulated (it reads NVML/driver state gpemu does not model). "
+                        "Workaround: guard the call (`if not os.environ.get('GPEMU_GPU')`) or drop it; "
+                        "torch.cuda.utilization() and the memory API (memory_allocated, mem_get_info) are emulated.")
 
 
 _history_notice_shown = False
@@ -338,15 +341,7 @@ def memory_snapshot() -> list[dict[str, Any]]:
 
 def graphs_unsupported(name: str) -> Any:
     """Return a stand-in for a CUDA graph API (`name`) that raises a GpemuError with the workaround."""
-
-    def fn(*args: Any, **kwargs: Any) -> Any:
-        from gpemu.errors import GpemuError
-
-        raise GpemuError(
-            f"torch.cuda.{name}: CUDA graph capture/replay is not emulated. Workaround: run the step eagerly (turn "
-            "off the script's CUDA-graph option, e.g. --cuda-graphs / enable_cuda_graph=False); torch.compile's "
-            "mode='reduce-overhead' already runs eager under gpemu."
-        )
-
-    fn.__name__ = name
-    return fn
+    return _unsupported(name, f"torch.cuda.{name}: CUDA graph capture/replay is not emulated. Workaround: run the step "
+                        "eagerly (turn off the script's CUDA-graph option, e.g. --cuda-graphs / "
+                        "enable_cuda_graph=False); torch.compile's mode='reduce-overhead' already runs eager under "
+                        "gpemu.")

@@ -169,9 +169,12 @@ def _emulated_call(mode: str, args: tuple[Any, ...]) -> Any:
 # -- packed sequences: the batch sizes are host (CPU) values, so packing is a gather of known size -----------------
 
 
-def _copy_seconds(index: int, nbytes: int) -> float:
+def _copied(index: int, name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+    """Return a new emulated tensor of `shape` filled by a gather/scatter copy, charged as such on device `index`."""
+    out = torch.empty(shape, dtype=like.dtype, device=like.device)
     spec = state.require().devices[index].spec
-    return cost_time_s(OpCost(0.0, 2.0 * nbytes, "copy"), "pack_copy", spec)
+    charge(index, name, cost_time_s(OpCost(0.0, 2.0 * out.numel() * out.element_size(), "copy"), name, spec))
+    return out
 
 
 class _Pack(torch.autograd.Function):
@@ -184,19 +187,14 @@ class _Pack(torch.autograd.Function):
             raise ValueError("`lengths` array must be sorted in decreasing order and contain positive lengths "
                              "(pack_padded_sequence(enforce_sorted=True))")
         batch_sizes = torch.tensor([sum(1 for n in lens if n > t) for t in range(lens[0])], dtype=torch.int64)
-        rest = tuple(inp.shape[2:])
-        data = torch.empty((sum(lens), *rest), dtype=inp.dtype, device=inp.device)
-        charge(inp._index, "pack_padded_sequence", _copy_seconds(inp._index, data.numel() * data.element_size()))
+        data = _copied(inp._index, "pack_padded_sequence", (sum(lens), *inp.shape[2:]), inp)
         ctx.in_shape, ctx.index = tuple(inp.shape), inp._index
         ctx.mark_non_differentiable(batch_sizes)
         return data, batch_sizes
 
     @staticmethod
     def backward(ctx: Any, grad_data: Any, _grad_sizes: Any) -> Any:
-        grad = torch.zeros(ctx.in_shape, dtype=grad_data.dtype, device=grad_data.device)
-        charge(ctx.index, "pack_padded_sequence_backward",
-               _copy_seconds(ctx.index, grad_data.numel() * grad_data.element_size()))
-        return grad, None, None
+        return _copied(ctx.index, "pack_padded_sequence_backward", ctx.in_shape, grad_data), None, None
 
 
 class _Pad(torch.autograd.Function):
@@ -210,18 +208,14 @@ class _Pad(torch.autograd.Function):
         lengths = torch.tensor([sum(1 for b in sizes if b > i) for i in range(batch)], dtype=torch.int64)
         rest = tuple(data.shape[1:])
         shape = (batch, steps, *rest) if batch_first else (steps, batch, *rest)
-        out = torch.empty(shape, dtype=data.dtype, device=data.device)
-        charge(data._index, "pad_packed_sequence", _copy_seconds(data._index, out.numel() * out.element_size()))
+        out = _copied(data._index, "pad_packed_sequence", shape, data)
         ctx.data_shape, ctx.index = tuple(data.shape), data._index
         ctx.mark_non_differentiable(lengths)
         return out, lengths
 
     @staticmethod
     def backward(ctx: Any, grad_out: Any, _grad_lengths: Any) -> Any:
-        grad = torch.empty(ctx.data_shape, dtype=grad_out.dtype, device=grad_out.device)
-        charge(ctx.index, "pad_packed_sequence_backward",
-               _copy_seconds(ctx.index, grad.numel() * grad.element_size()))
-        return grad, None, None, None, None
+        return _copied(ctx.index, "pad_packed_sequence_backward", ctx.data_shape, grad_out), None, None, None, None
 
 
 def _patched_pack(original: Callable[..., Any]) -> Callable[..., Any]:
