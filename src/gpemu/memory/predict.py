@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from gpemu.device.allocator import MIB, CachingAllocator, EmulatedOutOfMemoryError
-from gpemu.errors import UnknownNameError
+from gpemu.errors import GpemuError, UnknownNameError
 from gpemu.hardware import GPUSpec, get_gpu
 from gpemu.memory.autograd_compat import cuda_dropout, cuda_sdpa, legacy_hardtanh
 from gpemu.memory.tracker import MemoryTracker
@@ -55,6 +55,12 @@ def build_workload(
     source="torchvision" builds `torchvision.models.get_model(name, weights=None)` exactly (googlenet keeps its
     auxiliary classifiers, as GPEmu's measurements did); source="zoo" uses gpemu.workloads.models.
     """
+    if dtype in ("amp", "amp_bf16", "tf32"):
+        if dtype == "tf32":  # TF32 changes the math, not the storage: memory is fp32's
+            return build_workload(workload, batch_size, "fp32", source)
+        raise GpemuError(f"memory for dtype {dtype!r} (autocast) is not simulated yet: activations are 16-bit but "
+                         "weights, gradients and optimizer state stay fp32, plus autocast's weight copies; "
+                         "`--dtype fp16` gives a lower bound and `--dtype fp32` an upper bound")
     if dtype not in _DTYPES:
         raise UnknownNameError("dtype", dtype, _DTYPES)
     torch_dtype = _DTYPES[dtype]
