@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from gpemu.hardware import GPUSpec
+from gpemu.torch_backend import state
 
 aten = torch.ops.aten
 
@@ -77,3 +78,53 @@ def _float_tensors(tree: Any) -> list[torch.Tensor]:
         elif isinstance(x, (list, tuple)):
             out += _float_tensors(x)
     return out
+
+
+# Note [Autocast casts take memory]
+# On a real GPU autocast casts each fp32 input of a low-precision op (above autograd): a parameter's copy is cached for
+# the autocast region (one copy however often it is used) and, like every cast input, saved by the op for backward,
+# so the copies live until backward has run. Our casts happen on meta, below autograd, and took no memory: an AMP
+# step was predicted a parameter-set's worth of 16-bit copies too small (GPT-2 124M: ~240 MiB; a 7B model: ~13 GiB).
+# gpemu therefore allocates, per low-precision op inside an enabled autocast("cuda") region, one block for each
+# floating input not already in the autocast dtype: parameters (leaf tensors requiring grad) once per region, other
+# inputs per use when grad mode is on (without grad they are transient: not held). The blocks are freed after the
+# next backward pass, at the exit of an outermost autocast region with grad off (inference), and at the entry of the
+# next outermost region if no backward came in between (its graph is gone).
+
+
+def hold_casts(func: Any, args: Any, kwargs: Any, index: int) -> None:
+    """Allocate the autocast input copies of one low-precision op (see Note [Autocast casts take memory])."""
+    emu = state.current_emulation()
+    if emu is None or func.overloadpacket not in _LOWP:
+        return
+    target = emu.autocast_dtype()
+    if target is None:
+        return
+    held = emu.autocast_casts
+    grad = torch.is_grad_enabled()
+    size = torch.empty((), dtype=target).element_size()
+    device = emu.devices[index]
+    for x in _float_tensors((*args, *kwargs.values())):
+        if x.dtype == target or x.device.type != "cuda":
+            continue
+        root = x._base if x._base is not None else x  # F.linear reaches mm with the weight's transposed view
+        if root.requires_grad and root.grad_fn is None:  # a parameter: cached once per autocast region
+            key: Any = ("param", id(root), target)
+            if key in held:
+                continue
+        elif grad:
+            key = object()
+        else:
+            continue
+        held[key] = (index, device.allocator.malloc(x.numel() * size, emu.current_stream(index).stream_id,
+                                                    "autocast cast"))
+
+
+def release_casts() -> None:
+    """Free every held autocast copy (after backward, or when its autocast region and graph are gone)."""
+    emu = state.current_emulation()
+    if emu is None or not emu.autocast_casts:
+        return
+    for index, handle in emu.autocast_casts.values():
+        emu.devices[index].allocator.free(handle)
+    emu.autocast_casts.clear()

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import atexit
+import functools
 import gc
 import os
+from typing import Any
 
 import torch
 
@@ -12,6 +14,7 @@ from gpemu.device import EmulatedGPU, TraceRecorder
 from gpemu.errors import GpemuError
 from gpemu.hardware import get_gpu
 from gpemu.torch_backend import dropout, module_move, rnn, sdpa, state
+from gpemu.torch_backend.autocast import release_casts
 from gpemu.torch_backend.patches import Patcher, apply
 from gpemu.torch_backend.phases import PhaseLookup, PhaseTracker, model_from_env
 from gpemu.torch_backend.replay import Replayer, patch_module_call, replay_enabled_from_env
@@ -120,13 +123,25 @@ def _patch_autocast(patcher: Patcher, emu: Emulation) -> None:
     def __enter__(self: torch.autocast) -> None:
         if self.device == "cuda":
             emu.autocast_seen = emu.autocast_seen or bool(self._enabled)
+            if not emu.autocast_stack():  # a new outermost region: copies of a graph never backpropagated are gone
+                release_casts()
             emu.autocast_stack().append(self.fast_dtype if self._enabled else None)
         return orig_enter(self)
 
     def __exit__(self: torch.autocast, *exc: object) -> None:
         if self.device == "cuda" and emu.autocast_stack():
             emu.autocast_stack().pop()
+            if not emu.autocast_stack() and not torch.is_grad_enabled():  # inference: nothing saved them
+                release_casts()
         return orig_exit(self, *exc)  # type: ignore[arg-type]
+
+    original_backward = torch.autograd.backward
+
+    def backward(*args: Any, **kwargs: Any) -> Any:
+        out = original_backward(*args, **kwargs)
+        release_casts()  # See Note [Autocast casts take memory]: backward consumed the saved copies
+        return out
 
     patcher.set(torch.autocast, "__enter__", __enter__)
     patcher.set(torch.autocast, "__exit__", __exit__)
+    patcher.set(torch.autograd, "backward", functools.wraps(original_backward)(backward))

@@ -28,6 +28,9 @@ class Emulation:
     _local: threading.local = field(default_factory=threading.local, repr=False)
     phases: Any = None  # gpemu.torch_backend.phases.PhaseTracker, set by install()
     replay: Any = None  # gpemu.torch_backend.replay.Replayer, or None when replay is disabled
+    # autocast's low-precision input copies held on the device: key -> (device index, allocator handle). See Note
+    # [Autocast casts take memory] in autocast.py.
+    autocast_casts: dict[Any, tuple[int, int]] = field(default_factory=dict, repr=False)
 
     @property
     def gpu_key(self) -> str:

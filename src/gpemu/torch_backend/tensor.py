@@ -563,6 +563,11 @@ def run_op(func: Any, args: Any, kwargs: Any) -> Any:
         x = args[0]
         return wrap_outputs(func(x._elem, *args[1:]), x._index, {}, func)
     emu = state.require()
+    if emu.autocast_seen and emu.autocast_dtype() is not None:  # See Note [Autocast casts take memory]
+        from gpemu.torch_backend.autocast import hold_casts
+
+        cast_index = _first_index(args)
+        hold_casts(func, args, kwargs, cast_index if cast_index is not None else emu.current_device())
     key = _op_key(func, args, kwargs, emu)
     hit = _op_cache.get(key) if key is not None else None
     if hit is not None:

@@ -1,0 +1,53 @@
+"""Autocast's 16-bit copies take device memory from the forward that makes them to the backward that uses them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+import gpemu.torch_backend as gt
+
+MIB = 2**20
+
+
+@pytest.fixture
+def a100() -> Iterator[gt.Emulation]:
+    e = gt.install("a100", replay=False)
+    yield e
+    gt.uninstall()
+
+
+def _mib() -> float:
+    return torch.cuda.memory_allocated() / MIB
+
+
+def test_casts_live_until_backward_and_weights_are_cast_once(a100: gt.Emulation) -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(4096, 4096, bias=False), torch.nn.ReLU(),
+                                torch.nn.Linear(4096, 4096, bias=False)).cuda()  # 2 x 4096*4096*4 B = 2 x 64 MiB
+    x = torch.randn(64, 4096, device="cuda")  # 1 MiB fp32
+    base = _mib()
+    with torch.autocast("cuda", dtype=torch.float16):
+        y = model(x)
+        y2 = model[0](x)  # the first weight again: autocast's cache holds one copy per region
+    # casts: x -> 0.5 MiB (twice: a non-parameter input is cast per use), W1 and W2 -> 32 MiB each (once, though W1
+    # is used twice); live fp16 activations: relu out (ReLU saves its output; linear1's own output is freed) 0.5,
+    # y 0.5, y2 0.5
+    assert _mib() - base == pytest.approx(0.5 * 2 + 32 * 2 + 0.5 * 3)
+    (y.float().mean() + y2.float().mean()).backward()
+    del y, y2
+    # what remains: the two fp32 weight gradients (2 x 64 MiB); every cast was freed with the backward pass
+    assert _mib() - base == pytest.approx(128.0)
+
+
+def test_inference_casts_are_freed_at_the_end_of_the_region(a100: gt.Emulation) -> None:
+    model = torch.nn.Linear(4096, 4096, bias=False).cuda()
+    x = torch.randn(64, 4096, device="cuda")
+    base = _mib()
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16):
+        out = model(x)
+        # the weight's 16-bit copy (32 MiB) is cached for the region; the input's cast is transient without grad
+        assert _mib() - base == pytest.approx(32 + 0.5)  # + the fp16 output
+    assert _mib() - base == pytest.approx(0.5)  # the copy is gone, the output stays
+    del out
