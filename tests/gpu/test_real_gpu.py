@@ -40,7 +40,7 @@ def test_profiler_measures_the_real_gpu(profile_dir: Path) -> None:
 def _run(gpu: str, report: Path, env: dict[str, str]) -> None:
     cmd = [sys.executable, "-m", "gpemu", "run", "--gpu", gpu, "--report-json", str(report), "--",
            sys.executable, str(REPO / "examples/imagenet/main.py"), "--dummy", "-a", "resnet18", "-b", "32", "-j", "2",
-           "--iters", "30"]
+           "--iters", "30", "--checkpoint", str(report.with_suffix(".pth.tar"))]
     subprocess.run(cmd, check=True, env=env, timeout=600)
 
 

@@ -206,7 +206,8 @@ def run_dropin(
             out = Path(tmp) / f"w{w}.json"
             cmd = [sys.executable, "-m", "gpemu", "run", "--gpu", spec.key, "--model", model, "--report-json",
                    str(out), "--", sys.executable, str(IMAGENET_EXAMPLE), str(root), "-a", model, "-b",
-                   str(batch_size), "-j", str(w), "--epochs", "1", "--iters", str(iters)]
+                   str(batch_size), "-j", str(w), "--epochs", "1", "--iters", str(iters),
+                   "--checkpoint", str(Path(tmp) / f"checkpoint-w{w}.pth.tar")]
             console.print(f"[bold]$[/] {' '.join(cmd[2:])}")
             code = subprocess.call(cmd, env=env)
             if code != 0 or not out.is_file():
