@@ -76,6 +76,29 @@ def test_iteration_rows_by_hand() -> None:
     assert r3["wall_s"] == pytest.approx(0.100)
     assert r3["gpu_busy_s"] == pytest.approx(0.032005)
     assert not any(r["partial"] for r in rows)
+    # by launch: the 50 ms kernel belongs to iteration 2, which launched it, though it ran mostly in iteration 3
+    assert [r["gpu_work_s"] for r in rows] == pytest.approx([0.020, 0.020, 0.050, 0.0])
+
+
+def test_work_after_the_epoch_ends_still_counts_for_its_iteration() -> None:
+    clock = ManualClock()
+    emu = Emulator("v100", clock=clock)
+    col = RunCollector(emu.devices, clock=clock.now)
+    col.mark_iteration()
+    emu.compute(0.100)  # launched at 0, runs 5 us -> 0.100005
+    clock.advance(0.010)
+    col.on_exhausted(clock.now())  # the host hits the end of the loader while the kernel runs
+    (row,) = iteration_rows(col)
+    assert row["wall_s"] == pytest.approx(0.100005)  # closed when the kernel it launched finished, not at 10 ms
+    assert row["gpu_busy_s"] == pytest.approx(0.100)
+    assert row["gpu_work_s"] == pytest.approx(0.100)
+    # a next epoch that fetches before the GPU is done cuts the window at its first fetch
+    col.mark_iteration()
+    emu.compute(0.100)  # runs 0.100005 -> 0.200005
+    col.on_exhausted(clock.now())  # closes at 0.200005
+    clock.advance(0.140)
+    col.on_fetch(clock.now(), clock.now())  # at 0.150
+    assert col.iterations[1].end_s == pytest.approx(0.150)
 
 
 def test_summary_skips_warmup() -> None:
@@ -104,7 +127,7 @@ def test_open_iteration_is_closed_partial_at_last_gpu_activity() -> None:
 
 def _row(wall_s: float, busy_s: float, emulator_s: float) -> dict[str, object]:
     row: dict[str, object] = {key: 0.0 for key in ("data_wait_s", "h2d_s", "gpu_idle_data_s", "sync_wait_s")}
-    row.update(wall_s=wall_s, gpu_busy_s=busy_s, gpu_idle_s=wall_s - busy_s, emulator_s=emulator_s, partial=False)
+    row.update(wall_s=wall_s, gpu_busy_s=busy_s, gpu_work_s=busy_s, gpu_idle_s=wall_s - busy_s, emulator_s=emulator_s, partial=False)
     return row
 
 

@@ -174,7 +174,7 @@ def _print_iterations(workers: int, rows: list[dict[str, Any]], quiet: bool) -> 
     for r in rows:
         table.add_row(
             f"{r['iteration']}{'*' if r['iteration'] == 0 else '~' if r['partial'] else ''}", f"{r['data_wait_s'] * 1e3:.1f}",
-            f"{r['h2d_s'] * 1e3:.1f}", f"{r['gpu_busy_s'] * 1e3:.1f}", f"{r['gpu_idle_s'] * 1e3:.1f}",
+            f"{r['h2d_s'] * 1e3:.1f}", f"{r.get('gpu_work_s', r['gpu_busy_s']) * 1e3:.1f}", f"{r['gpu_idle_s'] * 1e3:.1f}",
             f"{r['fetch_stall_pct']:.0f}",
         )
     console.print(table)
@@ -227,7 +227,7 @@ def print_summary(results: list[dict[str, Any]]) -> None:
             continue
         table.add_row(
             str(r["workers"]), f"{r['wall_s']['mean'] * 1e3:.1f}", f"{r['data_wait_s']['mean'] * 1e3:.1f}",
-            f"{r['h2d_s']['mean'] * 1e3:.1f}", f"{r['gpu_busy_s']['mean'] * 1e3:.1f}",
+            f"{r['h2d_s']['mean'] * 1e3:.1f}", f"{r.get('gpu_work_s', r['gpu_busy_s'])['mean'] * 1e3:.1f}",
             f"{r['gpu_busy_pct']:.0f}", f"{r['fetch_stall_pct']:.0f}",
         )
     console.print(table)

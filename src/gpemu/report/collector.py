@@ -19,7 +19,11 @@ from gpemu.device.gpu import EmulatedGPU
 # iteration). The iteration still open when the run ends closes at the later of the host's last GPU interaction and
 # the GPU finishing that work, and is flagged partial (the summary leaves partial iterations out when it has others).
 # GPU figures of an iteration are engine busy time *inside its wall-clock window* (work launched earlier but
-# running in it counts), so busy + idle = wall exactly.
+# running in it counts), so busy + idle = wall exactly. The host runs ahead of the GPU (launches are asynchronous), so
+# a window's busy time is not the GPU time of the iteration's own work; that is counted separately, by launch time
+# (`launched_s`: the engine seconds of every item launched inside the window, wherever it ran). At the end of an epoch
+# the host may stop launching while the GPU still runs the last iteration: that iteration closes when the GPU finishes
+# the work launched so far (or at the next epoch's first fetch, if that comes sooner), so an epoch's tail is not lost.
 
 
 class EngineLog:
@@ -81,6 +85,7 @@ class IterationWindow:
     emulator_start: tuple[float, int] = (0.0, 0)  # (seconds, ops) of the emulator's own host work, at the start
     emulator_end: tuple[float, int] = (0.0, 0)
     partial: bool = False
+    launched_s: dict[tuple[int, str], float] = field(default_factory=dict)  # (device, engine) -> seconds launched
 
 
 class RunCollector:
@@ -143,6 +148,9 @@ class RunCollector:
                 self._epoch_open = True
                 self._epoch += 1
             self._close(start_s)
+            last = self.iterations[-1] if self.iterations else None
+            if last is not None and last.end_s is not None and last.end_s > start_s:
+                last.end_s = start_s
             win = IterationWindow(len(self.iterations), self._epoch, start_s)
             win.fetches.append((start_s, end_s))
             win.sync_wait_start_s = self._sync_wait_total()
@@ -157,7 +165,10 @@ class RunCollector:
     def on_exhausted(self, start_s: float) -> None:
         """Record a fetch that raised StopIteration: close the open iteration, open none (end of epoch)."""
         with self._lock:
-            self._close(start_s)
+            # The last iteration ends when the GPU finishes what it launched (see Note [Iterations]); a next epoch
+            # that starts fetching before then cuts it at its first fetch.
+            gpu_done = max((d.t_done for d in self.devices), default=0.0)
+            self._close(max(start_s, gpu_done))
             self._epoch_open = False
 
     def mark_iteration(self, data_wait_s: float = 0.0) -> None:
@@ -206,6 +217,10 @@ class _DeviceLog:
         if log is None:
             log = col.logs[(self.index, work.engine)] = EngineLog()
         log.add(work.start_s, work.end_s)
+        win = col._open  # read once, without the lock: see Note [Iterations]
+        if win is not None:
+            key = (self.index, work.engine)
+            win.launched_s[key] = win.launched_s.get(key, 0.0) + (work.end_s - work.start_s)
         col._last_activity_s = max(col._last_activity_s, work.launch_s)
 
     def on_host_wait(self, start_s: float, end_s: float, reason: str) -> None:

@@ -21,6 +21,7 @@ TIME_COLUMNS: tuple[tuple[str, str], ...] = (
     ("data_wait_s", "data wait (host blocked on the loader)"),
     ("h2d_s", "H2D copy engine busy"),
     ("gpu_busy_s", "GPU compute busy"),
+    ("gpu_work_s", "GPU compute launched in it"),
     ("gpu_idle_s", "GPU idle"),
     ("gpu_idle_data_s", "  of which while host waited for data"),
     ("sync_wait_s", "host blocked on the GPU (syncs)"),
@@ -45,8 +46,9 @@ def iteration_rows(collector: RunCollector) -> list[dict[str, Any]]:
         wall = t1 - t0
         fetches = [(max(a, t0), min(b, t1)) for a, b in win.fetches]
         data_wait = sum(max(0.0, b - a) for a, b in fetches)
-        busy_per_dev, h2d_per_dev, idle_data_per_dev = [], [], []
+        busy_per_dev, h2d_per_dev, idle_data_per_dev, work_per_dev = [], [], [], []
         for dev in devices:
+            work_per_dev.append(win.launched_s.get((dev.index, "compute"), 0.0))
             compute = collector.logs.get((dev.index, "compute"))
             h2d = collector.logs.get((dev.index, "h2d"))
             busy = compute.busy_in(t0, t1) if compute else 0.0
@@ -63,6 +65,7 @@ def iteration_rows(collector: RunCollector) -> list[dict[str, Any]]:
             "data_wait_s": data_wait,
             "h2d_s": sum(h2d_per_dev) / n_dev,
             "gpu_busy_s": gpu_busy,
+            "gpu_work_s": sum(work_per_dev) / n_dev,
             "gpu_idle_s": max(0.0, wall - gpu_busy),
             "gpu_idle_data_s": sum(idle_data_per_dev) / n_dev,
             "sync_wait_s": win.sync_wait_end_s - win.sync_wait_start_s,
@@ -92,6 +95,8 @@ def summarize(rows: list[dict[str, Any]], warmup: int = 1) -> dict[str, Any]:
     if not steady:
         return out
     for key, _ in TIME_COLUMNS:
+        if any(key not in r for r in steady):  # rows from an older report
+            continue
         values = [float(r[key]) for r in steady]
         out[key] = {"mean": statistics.fmean(values), "median": statistics.median(values), "total": sum(values)}
     wall_total = out["wall_s"]["total"]
@@ -146,7 +151,7 @@ def render(report: dict[str, Any], console: Console | None = None, title: str = 
     wall_total = summary["wall_s"]["total"] or 1.0
     real = str(gpu).startswith("real ")  # `gpemu run --gpu real`: no device model, so no device columns
     for key, label in TIME_COLUMNS:
-        if real and key not in ("wall_s", "data_wait_s"):
+        if (real and key not in ("wall_s", "data_wait_s")) or key not in summary:
             continue
         stats = summary[key]
         table.add_row(label, f"{stats['mean'] * 1e3:.2f}", f"{stats['median'] * 1e3:.2f}",
