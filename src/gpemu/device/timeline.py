@@ -27,7 +27,7 @@ class Engine:
     busy_s: float = 0.0
 
 
-@dataclass
+@dataclass(slots=True)
 class Work:
     """One item on the timeline: a kernel, a copy or a phase."""
 

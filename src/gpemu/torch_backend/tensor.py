@@ -401,7 +401,8 @@ def _tag(func: Any) -> str:
 # change without a dispatch is `t.data = other` (Module._apply, channels_last), and EmuTensor's `data` setter
 # re-keys the wrapper. `_key_of` checks exact types first (EmuTensor, scalars, lists of ints). Fresh outputs of a
 # cached op and replayed outputs/gradients are built by fresh(), which passes the known sizes and strides straight
-# to the wrapper instead of reading them back from the meta tensor.
+# to the wrapper instead of reading them back from the meta tensor. `aten.detach` - which autograd calls on every
+# tensor it saves for backward, ~40 % of the ops of a CNN training step - is built from the input's key by _detached.
 
 _FRESH, _ARG0, _NONE, _GENERIC = 0, 1, 2, 3
 _OP_CACHE_MAX = 200_000
@@ -555,13 +556,51 @@ def fresh_on(shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype
     return out  # type: ignore[no-any-return]
 
 
+_DETACH = torch.ops.aten.detach.default
+
+
+def _alias(elem: torch.Tensor, index: int, mk: tuple[Any, ...] | None) -> EmuTensor | None:
+    """Return a wrapper over the meta view `elem` of an existing storage (None when the storage is not tracked).
+
+    `mk` is elem's (shape, stride, dtype, index) when the caller knows it (detach), else None (read from elem).
+    """
+    key = elem.untyped_storage()._cdata
+    rec = _live.get(key)
+    if rec is None:
+        return None
+    if mk is None:
+        mk = (elem.shape, elem.stride(), elem.dtype, index)
+    out = _make_wrapper(EmuTensor, mk[0], strides=mk[1], storage_offset=elem.storage_offset(), dtype=mk[2],
+                        device=META)
+    out._elem = elem
+    out._index = index
+    out._mk = mk
+    rec[1] += 1
+    ref = _StorageRef(out, _on_dead)
+    ref.key = key
+    _refs.add(ref)
+    return out  # type: ignore[no-any-return]
+
+
 def run_op(func: Any, args: Any, kwargs: Any) -> Any:
     """Run one aten op on emulated tensors: shapes on meta, time on the stream, memory on the allocator."""
+    if func is _DETACH and not kwargs and type(args[0]) is EmuTensor:
+        # autograd detaches every tensor it saves for backward (~40 % of a CNN's ops): the cheapest path there is
+        x = args[0]
+        if x._mk is not None:
+            out = _alias(_DETACH(x._elem), x._index, x._mk)
+            if out is not None:
+                return out
     if func.is_view and isinstance(args[0], EmuTensor) and not kwargs and all(
         not isinstance(a, torch.Tensor) for a in args[1:]
     ):  # a view of one emulated tensor: torch's C++ meta kernel gives the aliasing meta view; no kernel, no memory
         x = args[0]
-        return wrap_outputs(func(x._elem, *args[1:]), x._index, {}, func)
+        elem = func(x._elem, *args[1:])
+        if type(elem) is torch.Tensor and elem.device.type == "meta":
+            out = _alias(elem, x._index, None)
+            if out is not None:
+                return out
+        return wrap_outputs(elem, x._index, {}, func)
     emu = state.require()
     if emu.autocast_seen and emu.autocast_dtype() is not None:  # See Note [Autocast casts take memory]
         from gpemu.torch_backend.autocast import hold_casts
