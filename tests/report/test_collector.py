@@ -152,3 +152,23 @@ def test_the_meter_is_read_at_iteration_boundaries() -> None:
     rows = iteration_rows(col)
     assert rows[0]["emulator_s"] == pytest.approx(0.004) and rows[0]["emulator_ops"] == 120
     assert rows[1]["emulator_s"] == 0.0  # nothing moved during the second
+
+
+def test_compute_time_is_split_by_where_it_came_from() -> None:
+    from gpemu.report import report_dict
+    from gpemu.report.summary import timing_line
+
+    clock = ManualClock()
+    emu = Emulator("v100", clock=clock)
+    col = RunCollector(emu.devices, clock=clock.now)
+    stream = emu.devices[0].default_stream
+    stream.enqueue(0.030, "conv", "compute", "kernel", {"timing": "calibrated"})
+    stream.enqueue(0.010, "loss", "compute", "kernel", {"timing": "predicted"})
+    stream.enqueue(0.010, "other", "compute", "kernel")  # no label: the cost model's
+    report = report_dict(col, meta={"timing": {"profiles": {"resnet50/32/fp32/forward": 0.030}}})
+    # 30 of 50 ms calibrated = 60 %
+    assert report["timing"]["calibrated_pct"] == pytest.approx(60.0)
+    assert report["timing"]["compute_s_by_source"]["predicted"] == pytest.approx(0.020)
+    assert timing_line(report["timing"]).startswith("GPU time: 60% calibrated to measured profiles "
+                                                    "(resnet50/32/fp32/forward 30.0 ms)")
+    assert "all predicted" in timing_line({"compute_s_by_source": {"predicted": 1.0}, "calibrated_pct": 0.0})

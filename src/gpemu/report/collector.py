@@ -110,6 +110,9 @@ class RunCollector:
         self._epoch = 0
         self._epoch_open = False
         self._last_activity_s = 0.0
+        # compute-engine seconds by where their duration came from (work.args["timing"]: "calibrated" to a measured
+        # profile, "predicted" by the cost model, ...), over the whole run
+        self.compute_s_by_timing: dict[str, float] = {}
         self._lock = threading.RLock()
         self._removers: list[Any] = []
         self.attach()
@@ -217,6 +220,9 @@ class _DeviceLog:
         if log is None:
             log = col.logs[(self.index, work.engine)] = EngineLog()
         log.add(work.start_s, work.end_s)
+        if work.engine == "compute":
+            timing = str(work.args.get("timing", "predicted"))
+            col.compute_s_by_timing[timing] = col.compute_s_by_timing.get(timing, 0.0) + (work.end_s - work.start_s)
         win = col._open  # read once, without the lock: see Note [Iterations]
         if win is not None:
             key = (self.index, work.engine)

@@ -171,7 +171,7 @@ class RunReport:
     # -- output -------------------------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """Return the report as it stands (every closed iteration plus the summary)."""
-        return report_dict(self.collector, self.warmup, self.meta)
+        return report_dict(self.collector, self.warmup, {**self.meta, "timing": _timing_sources()})
 
     def _maybe_flush(self) -> None:
         if self.json_path is None or time.monotonic() - self._last_flush_s < FLUSH_INTERVAL_S:
@@ -235,6 +235,28 @@ def install_report(
 
         signal.signal(signal.SIGTERM, _on_term)
     return report
+
+
+def _timing_sources() -> dict[str, Any]:
+    """Return what the drop-in emulation calibrated to (profiles by workload/batch/dtype/phase) and its cost model."""
+    try:
+        from gpemu.torch_backend import current_emulation  # type: ignore[attr-defined]
+    except ImportError:
+        return {}
+    emulation = current_emulation()
+    if emulation is None or getattr(emulation, "phases", None) is None:
+        return {}
+    described = emulation.phases.describe()
+    out: dict[str, Any] = {"workloads": described["workloads"], "profiles": described["calibrated"]}
+    with contextlib.suppress(Exception):  # a report must never fail on its provenance line
+        from gpemu.cost import load_params
+
+        spec = emulation.devices[0].spec
+        source = load_params().factor_source(spec)
+        how = ("its own fitted efficiency factors" if source == spec.key else
+               f"efficiency factors borrowed from {source}" if source else "unfitted efficiency factors")
+        out["cost_model"] = f"the cost model ({spec.key} spec, {how}; docs/cost-model.md)"
+    return out
 
 
 def _real_gpu_name() -> str:

@@ -112,12 +112,21 @@ def report_dict(collector: RunCollector, warmup: int = 1, meta: dict[str, Any] |
     """Return the whole report (header, every iteration, summary) as a JSON-serialisable dict."""
     rows = iteration_rows(collector)
     devices = collector.devices
+    by_timing = dict(collector.compute_s_by_timing)
+    total = sum(by_timing.values())
+    timing: dict[str, Any] = {
+        "compute_s_by_source": by_timing,
+        "calibrated_pct": 100.0 * by_timing.get("calibrated", 0.0) / total if total > 0 else 0.0,
+    }
+    meta = dict(meta or {})
+    timing.update(meta.pop("timing", {}) or {})
     return {
         "version": REPORT_VERSION,
         "gpu": devices[0].spec.key if devices else None,
         "device_count": len(devices),
         "warmup_iterations": warmup,
-        **(meta or {}),
+        **meta,
+        "timing": timing,
         "iterations": rows,
         "summary": summarize(rows, warmup),
     }
@@ -162,9 +171,27 @@ def render(report: dict[str, Any], console: Console | None = None, title: str = 
                       "compare iteration times with `gpemu validate`)")
         return
     console.print(f"GPU busy {summary['gpu_busy_pct']:.1f}%   fetch stall {summary['fetch_stall_pct']:.1f}%")
+    line = timing_line(report.get("timing") or {})
+    if line:
+        console.print(line)
     if summary.get("emulation_bound"):
         console.print(
             f"[yellow]note[/]: this run is bound by the emulator's own host work ({summary['emulator_s']['median'] * 1e3:.1f}"
             f" of {summary['wall_s']['median'] * 1e3:.1f} ms per iteration, GPU idle {100 - summary['gpu_busy_pct']:.0f}%):"
             " a real GPU's host dispatches ops several times faster, so real iterations would be shorter and the GPU "
             "busier. Replayed steps (fixed shapes) cost far less; see docs/drop-in.md, 'Host overhead'.")
+
+
+def timing_line(timing: dict[str, Any]) -> str:
+    """Return one line saying where the emulated GPU times came from (measured profiles vs the cost model)."""
+    by_source = timing.get("compute_s_by_source") or {}
+    total = sum(by_source.values())
+    if total <= 0:
+        return ""
+    model = timing.get("cost_model") or "the cost model"
+    pct = float(timing.get("calibrated_pct", 0.0))
+    if pct <= 0.0:
+        return f"GPU time: all predicted by {model} (no measured profile matched this GPU, model and batch size)"
+    profiles = timing.get("profiles") or {}
+    which = " (" + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in sorted(profiles.items())) + ")" if profiles else ""
+    return f"GPU time: {pct:.0f}% calibrated to measured profiles{which}; the rest predicted by {model}"
