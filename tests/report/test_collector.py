@@ -171,4 +171,4 @@ def test_compute_time_is_split_by_where_it_came_from() -> None:
     assert report["timing"]["compute_s_by_source"]["predicted"] == pytest.approx(0.020)
     assert timing_line(report["timing"]).startswith("GPU time: 60% calibrated to measured profiles "
                                                     "(resnet50/32/fp32/forward 30.0 ms)")
-    assert "all predicted" in timing_line({"compute_s_by_source": {"predicted": 1.0}, "calibrated_pct": 0.0})
+    assert "all predicted per op" in timing_line({"compute_s_by_source": {"predicted": 1.0}, "calibrated_pct": 0.0})

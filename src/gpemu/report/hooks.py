@@ -247,7 +247,8 @@ def _timing_sources() -> dict[str, Any]:
     if emulation is None or getattr(emulation, "phases", None) is None:
         return {}
     described = emulation.phases.describe()
-    out: dict[str, Any] = {"workloads": described["workloads"], "profiles": described["calibrated"]}
+    out: dict[str, Any] = {"workloads": described["workloads"], "profiles": described["calibrated"],
+                           "phase_predictions": described.get("phase_predicted", {})}
     with contextlib.suppress(Exception):  # a report must never fail on its provenance line
         from gpemu.cost import load_params
 

@@ -190,8 +190,16 @@ def timing_line(timing: dict[str, Any]) -> str:
         return ""
     model = timing.get("cost_model") or "the cost model"
     pct = float(timing.get("calibrated_pct", 0.0))
-    if pct <= 0.0:
-        return f"GPU time: all predicted by {model} (no measured profile matched this GPU, model and batch size)"
-    profiles = timing.get("profiles") or {}
-    which = " (" + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in sorted(profiles.items())) + ")" if profiles else ""
-    return f"GPU time: {pct:.0f}% calibrated to measured profiles{which}; the rest predicted by {model}"
+    phase_s = float(by_source.get("phase-predicted", 0.0))
+    parts = []
+    if pct > 0.0:
+        profiles = timing.get("profiles") or {}
+        which = " (" + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in sorted(profiles.items())) + ")" if profiles else ""
+        parts.append(f"{pct:.0f}% calibrated to measured profiles{which}")
+    if phase_s > 0.0:
+        preds = timing.get("phase_predictions") or {}
+        which = " (" + ", ".join(f"{k} {v[0] * 1e3:.1f} ms {v[1]}" for k, v in sorted(preds.items())) + ")" if preds else ""
+        parts.append(f"{100.0 * phase_s / total:.0f}% scaled to gpemu's phase predictions{which}")
+    if not parts:
+        return f"GPU time: all predicted per op by {model} (no measured profile or phase prediction matched)"
+    return f"GPU time: {'; '.join(parts)}; the rest predicted per op by {model}"

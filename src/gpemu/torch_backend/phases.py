@@ -7,7 +7,17 @@ has (gpu, workload, phase, batch size, dtype), each op's predicted cost is multi
 profile_phase_s / predicted_phase_s, where predicted_phase_s is the sum of the same phase's predictions in the
 previous step with the same (workload, batch size, dtype). So the first step runs on predictions and every step
 after it sums to the profile, with the shape of the per-op predictions. Trace args say which ("calibrated" with
-its scale, or "predicted").
+its scale, or "predicted"). Profiles stand for their input: an identified vision model fed anything but the zoo's
+3x224x224 images (e.g. 64x64 crops) runs on per-op predictions, unless the user named the model (--model).
+
+Note [Phase predictions]: when no measured profile exists for the emulated GPU but the model is one gpemu's zoo can
+build (every torchvision classifier, identified by class name and parameter count), the phase target is
+`gpemu.cost.predict_phase` -- the number `gpemu predict` prints: the nearest measured GPU's row scaled by the time
+model's ratio ("scaled-from:<gpu>"), else the time model from the spec ("spec-model"). That number includes what a
+sum of per-op kernel times leaves out (the host's dispatch time, which bounds small kernels on a fast GPU, and the
+per-phase fixed costs) and is the one validated in bench/predict_validation.py. Trace args say "phase-predicted"
+with the path. GPEMU_PHASE_PREDICT=0 turns it off (pure per-op predictions); it applies with the default profile
+lookup only.
 """
 
 from __future__ import annotations
@@ -43,6 +53,44 @@ def default_lookup(gpu_key: str, workload: str, phase: str, batch_size: int, dty
     if est is None or not getattr(est, "ok", False):
         return None
     return float(est.value)
+
+
+def predicted_phase(gpu_key: str, workload: str, phase: str, batch_size: int, dtype: str) -> tuple[float, str] | None:
+    """Return (seconds, path) of gpemu.cost.predict_phase for one phase, or None (see Note [Phase predictions])."""
+    if os.environ.get("GPEMU_PHASE_PREDICT", "1") == "0" or phase not in ("forward", "backward"):
+        return None
+    try:
+        from gpemu.cost.predict import predict_phase
+        from gpemu.profiles import ProfileDB  # type: ignore[attr-defined]
+
+        try:
+            db = ProfileDB.default()
+        except Exception:  # no or unreadable profiles: the spec model still answers
+            db = None
+        est = predict_phase(gpu_key, workload, phase, batch_size, dtype, db=db)
+    except Exception:  # a model the zoo cannot build, an unknown dtype: stay on per-op predictions
+        return None
+    return float(est.value), str(est.path or "predicted")
+
+
+@functools.cache
+def _profiled_input(workload: str) -> tuple[int, ...] | None:
+    """Return the per-sample input shape profiles and phase predictions of `workload` assume (None: unknown)."""
+    try:
+        from gpemu.workloads.models import example_batch, model_kind
+
+        if model_kind(workload) != "vision":
+            return None
+        return tuple(example_batch(workload, 1, device="meta")[0].shape[1:])
+    except Exception:  # not a zoo model: nothing to check against
+        return None
+
+
+def _input_matches(workload: str, batch: torch.Tensor) -> bool:
+    """Return False when the step's input is not the one the workload's profiles were measured with (Note [Phase
+    calibration]: GPEmu's rows and the zoo are 3x224x224 images; another resolution is another workload)."""
+    expected = _profiled_input(workload)
+    return expected is None or tuple(batch.shape[1:]) == expected
 
 
 # ---- model identification ------------------------------------------------------------------------------------
@@ -119,6 +167,8 @@ class PhaseTracker:
         self.gpu_key = gpu_key
         self.model = model
         self.lookup = lookup or default_lookup
+        self.predict_phases = lookup is None or lookup is default_lookup  # Note [Phase predictions]
+        self.basis: dict[tuple[str, int, str, str], str] = {}  # target -> "measured" or the prediction path
         self.phase = "setup"
         self.top: torch.nn.Module | None = None
         self.key: tuple[str, int, str] | None = None  # (workload, batch size, dtype) of the current step
@@ -176,6 +226,8 @@ class PhaseTracker:
             self.key = None
             return
         workload = self._workload(module)
+        if workload and not self.model and not _input_matches(workload, batch):  # 64x64 crops: not the profile's step
+            workload = None
         emu = state.current_emulation()
         dtype = "amp" if emu is not None and emu.autocast_dtype() is not None else "fp32"
         self.key = (workload, int(batch.shape[0]) if batch.dim() else 1, dtype) if workload else None
@@ -205,8 +257,9 @@ class PhaseTracker:
         prev = self.prev.get(full)
         if target is not None and prev:
             self.scale = target / prev
-            self.args = {"timing": "calibrated", "phase": phase, "scale": round(self.scale, 6),
-                         "profile_s": target, "workload": self.key[0]}
+            basis = self.basis.get(full, "measured")
+            self.args = {"timing": "calibrated" if basis == "measured" else "phase-predicted", "phase": phase,
+                         "scale": round(self.scale, 6), "profile_s": target, "workload": self.key[0], "basis": basis}
 
     def _close_phase(self) -> None:
         if self.key is not None and self.phase in ("forward", "backward") and self.sums[self.phase] > 0:
@@ -230,7 +283,13 @@ class PhaseTracker:
     def _target(self, full: tuple[str, int, str, str]) -> float | None:
         if full not in self._targets:
             workload, batch, dtype, phase = full
-            self._targets[full] = self.lookup(self.gpu_key, workload, phase, batch, dtype)
+            target = self.lookup(self.gpu_key, workload, phase, batch, dtype)
+            self.basis[full] = "measured"
+            if target is None and self.predict_phases:
+                got = predicted_phase(self.gpu_key, workload, phase, batch, dtype)
+                if got is not None:
+                    target, self.basis[full] = got
+            self._targets[full] = target
         return self._targets[full]
 
     def describe(self) -> dict[str, object]:
@@ -238,7 +297,10 @@ class PhaseTracker:
         return {
             "workloads": sorted({w for w in self.workloads.values() if w} | ({self.model} if self.model else set())),
             "steps": self.steps,
-            "calibrated": {"/".join(map(str, k)): v for k, v in self._targets.items() if v is not None},
+            "calibrated": {"/".join(map(str, k)): v for k, v in self._targets.items()
+                           if v is not None and self.basis.get(k) == "measured"},
+            "phase_predicted": {"/".join(map(str, k)): [v, self.basis.get(k)] for k, v in self._targets.items()
+                                if v is not None and self.basis.get(k) != "measured"},
         }
 
 

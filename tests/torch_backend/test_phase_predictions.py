@@ -1,0 +1,53 @@
+"""Note [Phase predictions]: with no measured profile, an identified model's phases take gpemu predict's number."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torchvision
+
+import gpemu.torch_backend as gt
+from gpemu.cost.predict import predict_phase
+
+
+def _step_gpu_s(model: torch.nn.Module, x: torch.Tensor, opt: torch.optim.Optimizer) -> float:
+    """Return the emulated GPU seconds of one training step (its kernels, from a synced start to a synced end)."""
+    emu = gt.current_emulation()
+    stats = emu.devices[0].stats
+    torch.cuda.synchronize()
+    before = stats.work_s["kernel"]
+    loss = model(x).float().mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    torch.cuda.synchronize()
+    return stats.work_s["kernel"] - before
+
+
+@pytest.mark.parametrize("size", [224, 64])
+def test_an_unprofiled_gpu_takes_the_phase_prediction(size: int, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPEMU_PROFILE_DIR", str(tmp_path))  # no measured rows anywhere: the spec-model path
+    batch = 2
+    forward = predict_phase("h100", "resnet18", "forward", batch).value
+    backward = predict_phase("h100", "resnet18", "backward", batch).value
+    gt.install("h100", replay=False)
+    try:
+        model = torchvision.models.resnet18().cuda()  # identified by class name + parameter count
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        x = torch.randn(batch, 3, size, size, device="cuda")
+        steps = [_step_gpu_s(model, x, opt) for _ in range(3)]
+        described = gt.current_emulation().phases.describe()
+    finally:
+        gt.uninstall()
+    if size == 224:
+        # step 1 runs on per-op kernel sums; from step 2 on, forward + backward(+optimizer) equal the prediction
+        assert steps[2] == pytest.approx(forward + backward, rel=1e-6)
+        assert described["phase_predicted"]["resnet18/2/fp32/forward"] == [pytest.approx(forward), "spec-model"]
+        assert steps[0] != pytest.approx(steps[2], rel=0.05)  # the per-op sum leaves out host dispatch
+    else:  # 64x64 crops are not the profiled 224x224 step: per-op predictions, nothing calibrated
+        assert described["phase_predicted"] == {} and described["calibrated"] == {}
+        assert steps[2] == pytest.approx(steps[1], rel=1e-6)
+        assert steps[2] < forward + backward
