@@ -1,0 +1,28 @@
+"""DataParallel on emulated GPUs (pytorch/examples imagenet: `DataParallel(model).cuda()`, fed CPU batches in validate)."""
+
+from __future__ import annotations
+
+import torch
+
+import gpemu.torch_backend as gt
+
+
+def test_data_parallel_scatters_a_cpu_batch_as_h2d_copies(emu: gt.Emulation) -> None:
+    model = torch.nn.DataParallel(torch.nn.Linear(256, 10)).cuda()
+    x = torch.randn(32, 256)  # on the host, as imagenet/main.py's validate() leaves it when --gpu is not given
+    before = emu.devices[0].stats.h2d_bytes
+    with torch.no_grad():
+        out = model(x)
+    assert out.is_cuda and out.shape == (32, 10)
+    assert emu.devices[0].stats.h2d_bytes - before == 32 * 256 * 4  # the whole batch crossed once: 32768 bytes
+    out.sum().item()  # and the copy is on a stream the compute stream waited for: the result can be read
+
+
+def test_data_parallel_keeps_cuda_inputs_in_place(emu: gt.Emulation) -> None:
+    model = torch.nn.DataParallel(torch.nn.Linear(8, 2)).cuda()
+    x = torch.randn(4, 8, device="cuda")
+    before = emu.devices[0].stats.h2d_bytes
+    loss = model(x).sum()
+    loss.backward()
+    assert emu.devices[0].stats.h2d_bytes == before
+    assert model.module.weight.grad is not None and model.module.weight.grad.is_cuda
