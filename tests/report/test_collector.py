@@ -172,3 +172,27 @@ def test_compute_time_is_split_by_where_it_came_from() -> None:
     assert timing_line(report["timing"]).startswith("GPU time: 60% calibrated to measured profiles "
                                                     "(resnet50/32/fp32/forward 30.0 ms)")
     assert "all predicted per op" in timing_line({"compute_s_by_source": {"predicted": 1.0}, "calibrated_pct": 0.0})
+
+
+def test_evaluation_iterations_are_summarised_apart() -> None:
+    train = {**_row(0.100, 0.090, 0.0), "train": True, "gpu_work_s": 0.090}
+    evaluation = {**_row(0.040, 0.030, 0.0), "train": False, "gpu_work_s": 0.030}
+    summary = summarize([train, train, train, evaluation, evaluation], warmup=1)
+    assert summary["iterations_used"] == 2  # iterations 1-2 train; 3-4 evaluate
+    assert summary["wall_s"]["mean"] == pytest.approx(0.100)
+    assert summary["evaluation"]["iterations"] == 2
+    assert summary["evaluation"]["gpu_work_s"]["mean"] == pytest.approx(0.030)
+    # an inference-only run has no training iterations: everything is summarised
+    only = summarize([evaluation] * 3, warmup=1)
+    assert only["iterations_used"] == 2 and "evaluation" not in only
+
+
+def test_a_backward_pass_marks_its_iteration_as_training() -> None:
+    clock = ManualClock()
+    emu = Emulator("v100", clock=clock)
+    col = RunCollector(emu.devices, clock=clock.now)
+    col.mark_iteration()
+    col.note_training()
+    col.mark_iteration()  # no backward in this one
+    col.finish()
+    assert [w.trained for w in col.iterations] == [True, False]

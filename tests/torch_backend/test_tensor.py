@@ -89,3 +89,20 @@ def test_uninstall_restores_torch() -> None:
     gt.uninstall()
     assert (torch.cuda.is_available, torch.Tensor.to, torch.zeros, torch.accelerator.device_count) == before
     assert gt.current_emulation() is None
+
+
+def test_host_waits_inside_ops_are_not_counted_as_emulator_time(emu: gt.Emulation) -> None:
+    import time
+
+    from gpemu.torch_backend.tensor import emulator_host_time
+
+    x = torch.empty(4096, 4096, device="cuda")
+    for _ in range(3):  # 3 x 2*4096^3 = 412 GFLOP: ~30 ms or more queued on an emulated V100 (15.7 TFLOP/s peak)
+        x = x @ x
+    before_s = emulator_host_time()[0]
+    t0 = time.perf_counter()
+    x.sum().item()  # aten._local_scalar_dense waits for the queue inside gpemu's op handling
+    waited_s = time.perf_counter() - t0
+    spent_s = emulator_host_time()[0] - before_s
+    assert waited_s > 0.02
+    assert spent_s < 0.25 * waited_s  # the wait is the GPU's time, not the emulator's

@@ -85,6 +85,7 @@ class IterationWindow:
     emulator_start: tuple[float, int] = (0.0, 0)  # (seconds, ops) of the emulator's own host work, at the start
     emulator_end: tuple[float, int] = (0.0, 0)
     partial: bool = False
+    trained: bool = False  # a backward pass or an optimizer step ran in it (else: evaluation / inference)
     launched_s: dict[tuple[int, str], float] = field(default_factory=dict)  # (device, engine) -> seconds launched
 
 
@@ -173,6 +174,12 @@ class RunCollector:
             gpu_done = max((d.t_done for d in self.devices), default=0.0)
             self._close(max(start_s, gpu_done))
             self._epoch_open = False
+
+    def note_training(self) -> None:
+        """Record that a backward pass or an optimizer step ran in the open iteration (it is a training step)."""
+        win = self._open
+        if win is not None:
+            win.trained = True
 
     def mark_iteration(self, data_wait_s: float = 0.0) -> None:
         """Start a new iteration now (for loops without a DataLoader); `data_wait_s` = host time spent getting data."""

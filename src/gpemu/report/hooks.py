@@ -131,6 +131,7 @@ class RunReport:
 
         def _after_step(optimizer: Any, args: Any, kwargs: Any) -> None:
             report._steps_seen += 1
+            report.collector.note_training()
             if not report._saw_fetch:
                 _boundary()
 
@@ -143,6 +144,7 @@ class RunReport:
             def backward(*args: Any, **kwargs: Any) -> Any:
                 out = original(*args, **kwargs)
                 report._backwards_seen += 1
+                report.collector.note_training()
                 if not report._saw_fetch and report._steps_seen == 0 and report._backwards_seen >= 2:
                     _boundary()
                 return out

@@ -75,6 +75,7 @@ def iteration_rows(collector: RunCollector) -> list[dict[str, Any]]:
             "gpu_busy_pct": 100.0 * gpu_busy / wall if wall > 0 else 0.0,
             "fetch_stall_pct": 100.0 * data_wait / wall if wall > 0 else 0.0,
             "partial": win.partial,
+            "train": win.trained,
         }
         if len(devices) > 1:
             row["gpu_busy_s_per_device"] = busy_per_dev
@@ -88,6 +89,11 @@ def summarize(rows: list[dict[str, Any]], warmup: int = 1) -> dict[str, Any]:
     note = f"first {warmup} iteration(s) skipped as warm-up"
     if any(r["partial"] for r in rows[warmup:]):
         note += "; partial last iteration excluded"
+    evaluation = [r for r in steady if not r.get("train", True)]
+    split = bool(evaluation) and len(evaluation) < len(steady)  # training and evaluation loops: summarise training
+    if split:
+        steady = [r for r in steady if r.get("train", True)]
+        note += f"; {len(evaluation)} evaluation iteration(s) (no backward pass) reported apart"
     if not steady:  # too short a run: use what there is, and say so
         steady = [r for r in rows if not r["partial"]] or rows
         note = "run too short to skip warm-up: all iterations used"
@@ -99,6 +105,11 @@ def summarize(rows: list[dict[str, Any]], warmup: int = 1) -> dict[str, Any]:
             continue
         values = [float(r[key]) for r in steady]
         out[key] = {"mean": statistics.fmean(values), "median": statistics.median(values), "total": sum(values)}
+    if split:
+        out["evaluation"] = {"iterations": len(evaluation),
+                             "wall_s": {"mean": statistics.fmean(float(r["wall_s"]) for r in evaluation)},
+                             "gpu_work_s": {"mean": statistics.fmean(float(r.get("gpu_work_s", 0.0))
+                                                                     for r in evaluation)}}
     wall_total = out["wall_s"]["total"]
     out["gpu_busy_pct"] = 100.0 * out["gpu_busy_s"]["total"] / wall_total if wall_total > 0 else 0.0
     out["fetch_stall_pct"] = 100.0 * out["data_wait_s"]["total"] / wall_total if wall_total > 0 else 0.0
@@ -171,6 +182,10 @@ def render(report: dict[str, Any], console: Console | None = None, title: str = 
                       "compare iteration times with `gpemu validate`)")
         return
     console.print(f"GPU busy {summary['gpu_busy_pct']:.1f}%   fetch stall {summary['fetch_stall_pct']:.1f}%")
+    ev = summary.get("evaluation")
+    if ev:
+        console.print(f"evaluation iterations (no backward pass, left out above): {ev['iterations']}, mean "
+                      f"{ev['wall_s']['mean'] * 1e3:.1f} ms wall, {ev['gpu_work_s']['mean'] * 1e3:.1f} ms GPU compute")
     line = timing_line(report.get("timing") or {})
     if line:
         console.print(line)

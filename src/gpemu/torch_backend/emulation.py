@@ -67,6 +67,11 @@ def install(
     optim_replay.apply(_patcher)
     patch_module_call(emu, _patcher)
     emu.phases.install()
+    from gpemu.torch_backend.tensor import WaitsInsideOps
+
+    waits = WaitsInsideOps()
+    for dev in devices:
+        dev.add_listener(waits)
     emu.phases.warm()
     gc.collect()
     gc.freeze()  # See Note [Host overhead]: keep the collector from rescanning torch's long-lived objects

@@ -160,14 +160,28 @@ class EmuTensor(torch.Tensor):
 # the outermost __torch_dispatch__ (~0.3 us per op). It is a lower bound of what emulation costs the script's thread:
 # torch's own dispatch into Python (~8 us per op) and autograd are not inside it. The run report shows it per
 # iteration and says when a run is bound by it rather than by the emulated GPU.
-_meter: list[Any] = [0.0, 0, 0]  # [seconds, ops, depth]
+# Host waits on the GPU inside an op (`.item()`, a blocking copy, a full launch queue) are the GPU's time, not the
+# emulator's: WaitsInsideOps (a device listener) counts them in slot 3 and emulator_host_time() leaves them out.
+_meter: list[Any] = [0.0, 0, 0, 0.0]  # [seconds, ops, depth, seconds waited on the GPU inside ops]
 _perf_counter = time.perf_counter
 
 
 def emulator_host_time() -> tuple[float, int]:
     """Return (seconds inside gpemu's op handling, ops handled) since the process started (Note [Emulator host
-    time])."""
-    return float(_meter[0]), int(_meter[1])
+    time]); host waits on the emulated GPU inside ops are not counted."""
+    return float(_meter[0] - _meter[3]), int(_meter[1])
+
+
+class WaitsInsideOps:
+    """Device listener that counts host waits happening inside gpemu's op handling (see _meter)."""
+
+    def on_work(self, work: Any) -> None:
+        """Ignore work items."""
+
+    def on_host_wait(self, start_s: float, end_s: float, reason: str) -> None:
+        """Add the wait to the meter when it happened inside an op."""
+        if _meter[2]:
+            _meter[3] += end_s - start_s
 
 
 _special: dict[Any, Any] | None = None  # gpemu.torch_backend.ops.SPECIAL, bound on first dispatch (import cycle)
