@@ -77,14 +77,19 @@ def set_known_value(t: EmuTensor, value: torch.Tensor, default: bool = False) ->
     modified in place."""
     key = id(t)
     _known[key] = (weakref.ref(t, lambda _ref, key=key: _known.pop(key, None)), value, default,  # type: ignore[misc]
-                   t._version)
+                   _version_of(t))
+
+
+def _version_of(t: torch.Tensor) -> int:
+    """Return `t`'s version counter; -1 for inference tensors, which have none (in-place changes go unseen)."""
+    return -1 if t.is_inference() else t._version
 
 
 def _known_record(t: torch.Tensor) -> tuple[torch.Tensor, bool] | None:
     rec = _known.get(id(t)) if _known else None
     if rec is None or rec[0]() is not t:
         return None
-    if rec[3] != t._version:  # modified on the device since: the value is no longer known
+    if rec[3] != _version_of(t):  # modified on the device since: the value is no longer known
         _known.pop(id(t), None)
         return None
     return rec[1], rec[2]
@@ -196,7 +201,7 @@ def _copy_(func: Any, args: Any, kwargs: Any) -> Any:
     return dst
 
 
-@_special(aten._local_scalar_dense.default)
+@_special(aten._local_scalar_dense.default, aten.item.default)  # item: inference tensors reach dispatch with it
 def _item(func: Any, args: Any, kwargs: Any) -> Any:
     t = args[0]
     return device_to_host(t, reason="tensor.item()").reshape(()).item()
