@@ -72,12 +72,13 @@ KNOWN_VALUE_MAX_BYTES = 64 * 1024
 _known: dict[int, tuple[weakref.ref[EmuTensor], torch.Tensor, bool, int]] = {}
 
 
-def set_known_value(t: EmuTensor, value: torch.Tensor, default: bool = False) -> None:
+def set_known_value(t: EmuTensor, value: torch.Tensor, default: bool = False, bumps: int = 0) -> None:
     """Record the CPU value of emulated tensor `t`; `.cpu()`/`.tolist()`/`.item()` of `t` return it until `t` is
-    modified in place."""
+    modified in place (`bumps`: version increments torch will still make for the op being handled)."""
     key = id(t)
+    version = _version_of(t)
     _known[key] = (weakref.ref(t, lambda _ref, key=key: _known.pop(key, None)), value, default,  # type: ignore[misc]
-                   _version_of(t))
+                   version + bumps if version >= 0 else version)
 
 
 def _version_of(t: torch.Tensor) -> int:
@@ -330,9 +331,36 @@ def _inplace_noop(func: Any, args: Any, kwargs: Any) -> Any:
 
 
 def _amp_update_scale(func: Any, args: Any, kwargs: Any) -> Any:
+    """GradScaler.update(): charge a tiny kernel; keep the scale and growth tracker known on the host."""
     _uargs, _ukwargs, index, _wrappers = unwrap_all(args, kwargs)
     charge(index, func, 2e-6)
+    scale, tracker, found_inf = args[0], args[1], args[2]
+    growth, backoff, interval = (list(args[3:]) + [kwargs.get(k) for k in (
+        "scale_growth_factor", "scale_backoff_factor", "growth_interval")][len(args) - 3:])[:3]
+    scale_v, tracker_v, found_v = _stale_value(scale), _stale_value(tracker), _stale_value(found_inf)
+    if scale_v is not None and tracker_v is not None:  # See Note [GradScaler on the host]
+        if found_v is not None and float(found_v.sum()) > 0:
+            new_scale, new_tracker = scale_v * backoff, torch.zeros_like(tracker_v)
+        elif int(tracker_v.reshape(-1)[0]) + 1 >= interval:
+            new_scale, new_tracker = scale_v * growth, torch.zeros_like(tracker_v)
+        else:
+            new_scale, new_tracker = scale_v.clone(), tracker_v + 1
+        set_known_value(scale, new_scale, bumps=1)  # torch bumps `self`'s version after this handler returns
+        set_known_value(tracker, new_tracker)
     return args[0]
+
+
+def _stale_value(t: torch.Tensor) -> torch.Tensor | None:
+    """Return the host value recorded for `t` even if an in-place op bumped its version since (None if none)."""
+    rec = _known.get(id(t)) if _known else None
+    return rec[1] if rec is not None and rec[0]() is t and not rec[2] else None
+
+
+# Note [GradScaler on the host]: torch's GradScaler keeps its scale and growth tracker on the device and updates
+# them in place (`_amp_update_scale_`); gpemu knows their start values (small host values, see set_known_value) and
+# applies the same rule on the host so `scaler.get_scale()` stays right: emulated gradients are finite (found_inf
+# reads 0), so the scale doubles every `growth_interval` steps. Without this, get_scale() read 0 after the first
+# update, and the Hugging Face idiom `optimizer_was_run = scale_before <= scaler.get_scale()` saw a skipped step.
 
 
 SPECIAL[aten._amp_foreach_non_finite_check_and_unscale_.default] = _inplace_noop
