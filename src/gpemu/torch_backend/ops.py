@@ -323,6 +323,46 @@ for _op in (aten._unique2.default, aten.unique_dim.default, aten.unique_consecut
     SPECIAL[_op] = _unsupported_unique
 
 
+@_special(aten.allclose.default)
+def _allclose(func: Any, args: Any, kwargs: Any) -> Any:
+    """allclose reads a result on the host: charge the comparison, wait, answer True (sanity checks pass)."""
+    x = args[0] if isinstance(args[0], EmuTensor) else args[1]
+    charge(x._index, func, op_cost_s(aten.abs.default, (to_meta(x),), {}, to_meta(x), x._index))
+    _sync(x._index, "allclose (host read)")
+    return True
+
+
+@_special(aten.bincount.default)
+def _bincount(func: Any, args: Any, kwargs: Any) -> Any:
+    """bincount with `minlength`: assume every value is below it (the confusion-matrix idiom); else unsupported."""
+    x = args[0]
+    weights = args[1] if len(args) > 1 else kwargs.get("weights")
+    minlength = int(args[2] if len(args) > 2 else kwargs.get("minlength", 0))
+    if minlength <= 0:
+        raise UnsupportedOpError(
+            f"gpemu cannot emulate aten op {func} without minlength: its output size is max(input) + 1, a tensor "
+            "value, which is not computed. Workaround: pass minlength= (the number of bins, e.g. "
+            "torch.bincount(x, minlength=num_classes**2)); gpemu then assumes every value is below it."
+        )
+    dtype = weights.dtype if weights is not None else torch.long
+    meta = torch.empty((minlength,), dtype=dtype, device=META)
+    charge(x._index, func, op_cost_s(aten.abs.default, (to_meta(x),), {}, meta, x._index))
+    _sync(x._index, "bincount (max value read on the host)")  # CUDA bincount reads max(input) to size its output
+    return wrap(meta, x._index, tag="bincount")
+
+
+@_special(aten.repeat_interleave.Tensor)
+def _repeat_interleave(func: Any, args: Any, kwargs: Any) -> Any:
+    """repeat_interleave with tensor repeats needs `output_size` (the sum of the repeats, a tensor value)."""
+    if kwargs.get("output_size") is None:
+        raise UnsupportedOpError(
+            f"gpemu cannot emulate aten op {func} without output_size: its output size is the sum of the repeats, "
+            "a tensor value, which is not computed. Workaround: pass output_size= (as torch.compile also needs), "
+            "or repeat by a Python int."
+        )
+    return run_op(func, args, kwargs)
+
+
 def _inplace_noop(func: Any, args: Any, kwargs: Any) -> Any:
     """Ops with no meta kernel that only update tensors in place (AMP bookkeeping): charge a tiny kernel."""
     _uargs, _ukwargs, index, wrappers = unwrap_all(args, kwargs)
