@@ -323,6 +323,28 @@ for _op in (aten._unique2.default, aten.unique_dim.default, aten.unique_consecut
     SPECIAL[_op] = _unsupported_unique
 
 
+def _inplace_view(func: Any, args: Any, kwargs: Any) -> Any:
+    """In-place metadata ops (`unsqueeze_`, `transpose_`, ...): restride the wrapper to its inner meta tensor."""
+    w = args[0]
+    func(w._elem, *args[1:], **kwargs)  # the inner meta tensor takes the new sizes/strides; no kernel, no memory
+    with torch._C._DisableTorchDispatch():  # See Note [In-place view ops]
+        aten.as_strided_.default(w, w._elem.shape, w._elem.stride(), w._elem.storage_offset())
+    w._mk = (w._elem.shape, w._elem.stride(), w.dtype, w._index)
+    return w
+
+
+# Note [In-place view ops]: `x.unsqueeze_(0)`, `transpose_`, `squeeze_`, `t_`, `as_strided_` change only a tensor's
+# sizes and strides. An EmuTensor is a wrapper whose metadata C++ does not update from __torch_dispatch__, so these
+# failed ("changed the shape of an emulated tensor in place"; e.g. inside torch.stft and torch.quantile). The inner
+# meta tensor runs the op, then the wrapper is restrided to match with as_strided_ (its storage is the same size, so
+# the bounds check passes), and its op-cache key `_mk` is refreshed.
+for _name in ("unsqueeze_", "transpose_", "t_", "squeeze_", "as_strided_", "swapdims_", "swapaxes_"):
+    _view_packet: Any = getattr(aten, _name, None)
+    if _view_packet is not None:
+        for _ov in _view_packet.overloads():
+            SPECIAL[getattr(_view_packet, _ov)] = _inplace_view
+
+
 @_special(aten.allclose.default)
 def _allclose(func: Any, args: Any, kwargs: Any) -> Any:
     """allclose reads a result on the host: charge the comparison, wait, answer True (sanity checks pass)."""
