@@ -345,6 +345,42 @@ for _name in ("unsqueeze_", "transpose_", "t_", "squeeze_", "as_strided_", "swap
             SPECIAL[getattr(_view_packet, _ov)] = _inplace_view
 
 
+def _host_operand(a: Any) -> Any:
+    """Return `a` as a host value (numbers and CPU tensors as they are, emulated tensors by their known value)."""
+    if isinstance(a, EmuTensor):
+        return known_value(a)
+    return a
+
+
+def _counter_inplace(func: Any, args: Any, kwargs: Any) -> Any:
+    """Scalar in-place arithmetic: run it on the device; on a tensor whose value is known, update that value too."""
+    out = run_op(func, args, kwargs)
+    t = args[0]
+    if func in (aten.zero_.default, aten.fill_.Scalar) and t.numel() <= 16:  # a reset: the value is known again
+        value = args[1] if func is aten.fill_.Scalar else 0
+        set_known_value(t, torch.full(tuple(t.shape), value, dtype=t.dtype, device="cpu"), bumps=1)
+        return out
+    rec = _known_record(t) if _known else None
+    if rec is not None and not rec[1]:  # See Note [Counters on the device]
+        operands = [_host_operand(a) for a in args[1:]]
+        if all(o is not None for o in operands):
+            host = rec[0].clone()
+            func(host, *operands, **kwargs)
+            set_known_value(t, host, bumps=1)  # torch bumps `self`'s version after this handler returns
+    return out
+
+
+# Note [Counters on the device]: small tensors whose value gpemu knows (a host copy, a checkpoint, torch.full) are
+# often counters updated in place with a number: BatchNorm's num_batches_tracked (`add_(1)`, read back by
+# `1.0 / float(self.num_batches_tracked)` when momentum=None, as torch.optim.swa_utils.update_bn sets it), step
+# counters. The device op runs as usual and the same op is applied to the host value, so the count stays right
+# (it read 0 after the first add_ and the division failed). `zero_`/`fill_` of a tensor of at most 16 elements (a
+# counter reset: BatchNorm.reset_running_stats) makes its value known, as torch.full does.
+for _op in (aten.add_.Tensor, aten.add_.Scalar, aten.sub_.Tensor, aten.sub_.Scalar, aten.mul_.Tensor,
+            aten.mul_.Scalar, aten.zero_.default, aten.fill_.Scalar):
+    SPECIAL[_op] = _counter_inplace
+
+
 @_special(aten.allclose.default)
 def _allclose(func: Any, args: Any, kwargs: Any) -> Any:
     """allclose reads a result on the host: charge the comparison, wait, answer True (sanity checks pass)."""

@@ -128,6 +128,11 @@ class EmuTensor(torch.Tensor):
 
     def __deepcopy__(self, memo: dict[int, Any]) -> EmuTensor:
         out = run_op(torch.ops.aten.clone.default, (self,), {})
+        from gpemu.torch_backend.ops import known_value, set_known_value
+
+        value = known_value(self)  # a counter buffer's host value survives copy.deepcopy (EMA / SWA model copies)
+        if value is not None:
+            set_known_value(out, value.clone())
         if self.requires_grad:
             out.requires_grad_(True)
         if getattr(self, "_is_param", False):
