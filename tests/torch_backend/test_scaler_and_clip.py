@@ -61,3 +61,23 @@ def test_clip_grad_norm_uses_foreach_kernels(emu: gt.Emulation, foreach: bool | 
     # one _foreach_norm over the 8 gradients (not 8 vector_norm kernels) and one _foreach_mul_ to scale them
     assert names.count("_foreach_norm.Scalar") == 1 and names.count("linalg_vector_norm.default") == 1
     assert sum(n.startswith("_foreach_mul_") for n in names) == 1, names
+
+
+def test_float_value_reads_and_grad_scaler_keeps_stepping() -> None:
+    emu = gt.install("a100", float_value=1.0)
+    try:
+        model = torch.nn.Linear(4, 4).cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        loss = model(torch.randn(2, 4, device="cuda")).sum()
+        assert loss.item() == 1.0  # computed floating-point values read back as float_value
+        assert torch.randint(0, 3, (5,), device="cuda").sum().item() == 0  # integers stay 0
+        assert not bool(torch.isnan(loss))  # bool reads stay False
+        scaler = torch.amp.GradScaler("cuda", init_scale=4.0, growth_interval=1)
+        for _ in range(2):
+            _amp_step(model, opt, scaler)
+        # found_inf reads 0 (finite gradients): both steps ran (momentum buffers exist) and the scale grew 4 -> 16
+        assert scaler.get_scale() == 16.0
+        assert all("momentum_buffer" in opt.state[p] for p in model.parameters())
+        assert emu.float_value == 1.0
+    finally:
+        gt.uninstall()

@@ -57,7 +57,17 @@ def host_value(
             return t.expand(shape).clone() if t.shape != shape else t.clone()
     if default is not None:
         return default.clone()
+    if emu is not None and emu.float_value and dtype.is_floating_point:  # See Note [Reading computed values]
+        return torch.full(shape, emu.float_value, dtype=dtype, device="cpu")
     return torch.zeros(shape, dtype=dtype, device="cpu")  # device=: a default device of cuda must not apply here
+
+
+# Note [Reading computed values]: values are not computed, so a host read of a computed tensor returns zeros (or the
+# value hook's answer). Host arithmetic on a read loss then fails where a real run would not: pytorch/examples
+# super_resolution's `10 * log10(1 / mse.item())` divides by zero, `math.log(loss.item())` has no domain.
+# GPEMU_FLOAT_VALUE=1 (install(float_value=1.0)) makes computed floating-point reads return that number instead;
+# integer and bool reads stay 0/False (counts, masks, `if torch.isnan(loss)`), and GradScaler's found_inf stays 0
+# (emulated gradients are finite), so its steps are not skipped.
 
 
 # host-to-device copies of at most this many bytes remember their source (a step counter, a GradScaler scale, an RNG
@@ -461,7 +471,16 @@ def _stale_value(t: torch.Tensor) -> torch.Tensor | None:
 # update, and the Hugging Face idiom `optimizer_was_run = scale_before <= scaler.get_scale()` saw a skipped step.
 
 
-SPECIAL[aten._amp_foreach_non_finite_check_and_unscale_.default] = _inplace_noop
+def _amp_unscale(func: Any, args: Any, kwargs: Any) -> Any:
+    """GradScaler.unscale_(): charge a tiny kernel; emulated gradients are finite, so found_inf reads 0."""
+    out = _inplace_noop(func, args, kwargs)
+    found_inf = args[1] if len(args) > 1 else kwargs.get("found_inf")
+    if isinstance(found_inf, EmuTensor):
+        set_known_value(found_inf, torch.zeros(tuple(found_inf.shape), dtype=found_inf.dtype))
+    return out
+
+
+SPECIAL[aten._amp_foreach_non_finite_check_and_unscale_.default] = _amp_unscale
 SPECIAL[aten._amp_update_scale_.default] = _amp_update_scale
 
 
