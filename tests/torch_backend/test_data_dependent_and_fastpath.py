@@ -62,3 +62,31 @@ def test_transformer_eval_runs_the_standard_path_priced_per_op(emu: gt.Emulation
     # fp32 peak (19.5 TFLOP/s) that is >= 0.083 ms; the fused op used to be priced as memory traffic only
     flops = 2 * batch * seq * (3 * d_model**2 + d_model**2 + 2 * d_model * ff)
     assert sum(c for _, c in charged) >= flops / (emu.devices[0].spec.peak_tflops["fp32"] * 1e12)
+
+
+def test_torchvision_nms_keeps_the_assumed_fraction() -> None:
+    torchvision = pytest.importorskip("torchvision")
+    gt.install("v100", nonzero_fraction=0.25)
+    try:
+        boxes = torch.rand(40, 4, device="cuda")
+        keep = torchvision.ops.nms(boxes, torch.rand(40, device="cuda"), 0.5)
+        assert keep.shape == (10,) and keep.dtype == torch.long  # ceil(40 * 0.25)
+    finally:
+        gt.uninstall()
+
+
+def test_detection_model_trains_and_evaluates(emu: gt.Emulation) -> None:
+    torchvision = pytest.importorskip("torchvision")
+    model = torchvision.models.detection.fasterrcnn_mobilenet_v3_large_320_fpn(
+        weights=None, weights_backbone=None, num_classes=5
+    ).cuda()
+    images = [torch.rand(3, 200, 240).cuda() for _ in range(2)]
+    targets = [{"boxes": torch.tensor([[10.0, 20.0, 100.0, 120.0]]).cuda(), "labels": torch.tensor([1]).cuda()}] * 2
+    losses = model(images, targets)  # RPN and ROI heads: nms, box sampling by masks (torchvision references/detection)
+    assert sorted(losses) == ["loss_box_reg", "loss_classifier", "loss_objectness", "loss_rpn_box_reg"]
+    sum(losses.values()).backward()
+    assert model.roi_heads.box_predictor.cls_score.weight.grad is not None
+    model.eval()
+    with torch.no_grad():
+        detections = model(images)
+    assert detections[0]["boxes"].shape == (100, 4)  # worst case: detections_per_img (100) boxes kept

@@ -391,6 +391,34 @@ for _op in (aten.add_.Tensor, aten.add_.Scalar, aten.sub_.Tensor, aten.sub_.Scal
     SPECIAL[_op] = _counter_inplace
 
 
+def _nms(func: Any, args: Any, kwargs: Any) -> Any:
+    """torchvision.ops.nms: keep `nonzero_fraction` of the boxes (Note [Data-dependent shapes]); syncs as on CUDA."""
+    boxes = args[0]
+    n = boxes.shape[0]
+    meta = torch.empty((_selected(n),), dtype=torch.long, device=META)
+    pairs = torch.empty((n, n), dtype=boxes.dtype, device=META)  # the IoU of every pair of boxes
+    charge(boxes._index, func, op_cost_s(aten.abs.default, (pairs,), {}, pairs, boxes._index))
+    _sync(boxes._index, "nms (data-dependent size)")  # CUDA nms copies its suppression mask to the host
+    return wrap(meta, boxes._index, tag="nms")
+
+
+# custom (non-aten) ops whose meta kernels refuse data-dependent outputs, by qualified name
+DATA_DEPENDENT_BY_NAME: dict[str, Callable[[Any, Any, Any], Any]] = {"torchvision::nms": _nms}
+
+
+def data_dependent_op(func: Any, args: Any, kwargs: Any, exc: BaseException) -> Any:
+    """Handle an op whose meta kernel failed: a data-dependent op gpemu knows, else a clear error, else `exc`."""
+    handler = DATA_DEPENDENT_BY_NAME.get(func.name())
+    if handler is not None:
+        return handler(func, args, kwargs)
+    if "data-dependent" in str(exc) or "data dependent" in str(exc):
+        raise UnsupportedOpError(
+            f"gpemu cannot emulate op {func}: its output size depends on tensor values, which are not computed. "
+            "Workaround: run it on CPU tensors (`.cpu()` before the op, `.cuda()` after)."
+        ) from None
+    raise exc
+
+
 @_special(aten.allclose.default)
 def _allclose(func: Any, args: Any, kwargs: Any) -> Any:
     """allclose reads a result on the host: charge the comparison, wait, answer True (sanity checks pass)."""

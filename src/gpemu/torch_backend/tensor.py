@@ -601,9 +601,11 @@ def run_op(func: Any, args: Any, kwargs: Any) -> Any:
         cast_s = 0.0
     try:
         out = call_meta(func, uargs, ukwargs)
-    except (RuntimeError, NotImplementedError):
+    except (RuntimeError, NotImplementedError) as exc:
         if not _is_composite(func):
-            raise
+            from gpemu.torch_backend.ops import data_dependent_op
+
+            return data_dependent_op(func, args, kwargs, exc)  # a handler, a clear error, or `exc` re-raised
         return func.decompose(*args, **kwargs)  # See Note [Composite ops on inference tensors]
     cost = -1.0
     if func not in _FREE_OPS and not func.is_view:
