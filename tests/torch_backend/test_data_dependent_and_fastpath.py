@@ -90,3 +90,18 @@ def test_detection_model_trains_and_evaluates(emu: gt.Emulation) -> None:
     with torch.no_grad():
         detections = model(images)
     assert detections[0]["boxes"].shape == (100, 4)  # worst case: detections_per_img (100) boxes kept
+
+
+def test_ctc_loss_forward_and_backward(emu: gt.Emulation) -> None:
+    logits = torch.randn(50, 4, 30, device="cuda", requires_grad=True)  # T=50, B=4, C=30 (speech-recognition style)
+    targets = torch.randint(1, 30, (4, 12), device="cuda")
+    lengths_in = torch.full((4,), 50, dtype=torch.long)
+    lengths_tgt = torch.full((4,), 12, dtype=torch.long)
+    loss = torch.nn.CTCLoss(blank=0, zero_infinity=True)(logits.log_softmax(2), targets, lengths_in, lengths_tgt)
+    loss.backward()
+    assert loss.shape == () and logits.grad is not None and logits.grad.shape == (50, 4, 30)
+    nll, alpha = torch.ops.aten._ctc_loss(logits.detach().log_softmax(2), targets, [50] * 4, [12] * 4)
+    assert nll.shape == (4,) and alpha.shape == (4, 50, 25)  # 2 * 12 + 1 extended-label states
+    flat = torch.randint(1, 30, (7,), device="cuda")  # concatenated targets of lengths 3 and 4
+    _, alpha = torch.ops.aten._ctc_loss(logits.detach()[:, :2].log_softmax(2), flat, [50, 50], [3, 4])
+    assert alpha.shape == (2, 50, 9)  # 2 * max(3, 4) + 1

@@ -402,6 +402,41 @@ def _nms(func: Any, args: Any, kwargs: Any) -> Any:
     return wrap(meta, boxes._index, tag="nms")
 
 
+def _max_target_len(targets: torch.Tensor, target_lengths: Any) -> int:
+    if targets.dim() == 2:  # padded (B, S)
+        return int(targets.shape[1])
+    if isinstance(target_lengths, EmuTensor):
+        target_lengths = known_value(target_lengths)
+    if isinstance(target_lengths, torch.Tensor):
+        target_lengths = target_lengths.tolist()
+    if target_lengths:
+        return int(max(target_lengths))
+    return int(targets.numel())  # lengths unknown: every target could be the longest
+
+
+@_special(aten._ctc_loss.default, aten._ctc_loss.Tensor)
+def _ctc_loss(func: Any, args: Any, kwargs: Any) -> Any:
+    """CTC forward: (neg_log_likelihood [B], log_alpha [B, T, 2 * max target length + 1]), one kernel."""
+    log_probs, targets, target_lengths = args[0], args[1], args[3]
+    time_steps, batch = int(log_probs.shape[0]), int(log_probs.shape[1])
+    states = 2 * _max_target_len(targets, target_lengths) + 1
+    nll = torch.empty((batch,), dtype=log_probs.dtype, device=META)
+    alpha = torch.empty((batch, time_steps, states), dtype=log_probs.dtype, device=META)
+    charge(log_probs._index, func, op_cost_s(aten.exp.default, (alpha,), {}, alpha, log_probs._index))
+    return wrap(nll, log_probs._index, tag="ctc_loss"), wrap(alpha, log_probs._index, tag="ctc_loss")
+
+
+@_special(aten._ctc_loss_backward.default, aten._ctc_loss_backward.Tensor)
+def _ctc_loss_backward(func: Any, args: Any, kwargs: Any) -> Any:
+    """CTC backward: a gradient shaped like log_probs; priced as a pass over alpha/beta and the gradient."""
+    log_probs, log_alpha = args[1], args[6]
+    grad = torch.empty(tuple(log_probs.shape), dtype=log_probs.dtype, device=META)
+    alpha = to_meta(log_alpha)
+    cost_s = 2 * op_cost_s(aten.exp.default, (alpha,), {}, alpha, log_probs._index)
+    charge(log_probs._index, func, cost_s + op_cost_s(aten.exp.default, (grad,), {}, grad, log_probs._index))
+    return wrap(grad, log_probs._index, tag="ctc_loss_backward")
+
+
 # custom (non-aten) ops whose meta kernels refuse data-dependent outputs, by qualified name
 DATA_DEPENDENT_BY_NAME: dict[str, Callable[[Any, Any, Any], Any]] = {"torchvision::nms": _nms}
 
