@@ -220,10 +220,21 @@ def _item(func: Any, args: Any, kwargs: Any) -> Any:
 
 @_special(aten.equal.default)
 def _equal(func: Any, args: Any, kwargs: Any) -> Any:
-    for t in args:
-        if isinstance(t, EmuTensor):
-            device_to_host(t, reason="torch.equal")
+    values = [device_to_host(t, reason="torch.equal") if isinstance(t, EmuTensor) else t for t in args[:2]]
+    if args[0].dtype == torch.bool and args[0].numel() == 1 and args[0].shape == args[1].shape:
+        # torch's C++ checks `is_scalar_tensor_true(cond)` = equal(cond, cond.new_ones(())): a check result reads
+        # False like any bool read, so the check passes (istft's window-envelope check)
+        return bool(torch.equal(values[0], values[1]))
     return args[0].shape == args[1].shape
+
+
+@_special(aten.new_ones.default)
+def _new_ones(func: Any, args: Any, kwargs: Any) -> Any:
+    """new_ones: a tensor of at most 16 ones keeps that host value (as torch.full does)."""
+    out = run_op(func, args, kwargs)
+    if isinstance(out, EmuTensor) and out.numel() <= 16:
+        set_known_value(out, torch.ones(tuple(out.shape), dtype=out.dtype))
+    return out
 
 
 @_special(aten.is_pinned.default)
