@@ -400,5 +400,8 @@ def test_cuda_generator_pickles_with_its_device_and_state(emu: gt.Emulation) -> 
 def test_a_known_host_value_is_forgotten_after_an_in_place_device_op(emu: gt.Emulation) -> None:
     t = torch.tensor([1, 2, 3]).cuda()
     assert t.tolist() == [1, 2, 3]  # copied from the host: the value is known
-    t.add_(1)  # computed on the (emulated) device: values are not emulated
+    t.add_(torch.ones(3, dtype=torch.long, device="cuda").cumsum(0))  # computed on the device: values not emulated
     assert t.tolist() == [0, 0, 0]  # not the stale [1, 2, 3]
+    u = torch.tensor([1, 2, 3]).cuda()
+    u.add_(1)  # a number added to a known value: applied on the host too (Note [Counters on the device])
+    assert u.tolist() == [2, 3, 4]

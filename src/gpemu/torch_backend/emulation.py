@@ -38,10 +38,12 @@ def install(
     value_hook: ValueHook | None = None,
     nonzero_fraction: float | None = None,
     replay: bool | None = None,
+    float_value: float | None = None,
 ) -> Emulation:
     """Patch torch so `cuda:0..count-1` are emulated `gpu`s; return the Emulation (devices, stats, trace).
 
     `replay` (default: GPEMU_REPLAY, on unless "0") enables the whole-module replay path; see Note [Replay path].
+    `float_value` (default: GPEMU_FLOAT_VALUE, else 0) is what computed floating-point values read back as.
     """
     global _patcher
     if state.current_emulation() is not None:
@@ -52,7 +54,10 @@ def install(
     devices = [EmulatedGPU(spec, i, trace=trace, memory_limit_bytes=memory_limit_bytes) for i in range(count)]
     if nonzero_fraction is None:
         nonzero_fraction = float(os.environ.get("GPEMU_NONZERO_FRACTION", "1.0"))
-    emu = Emulation(devices, trace=trace, model=model, value_hook=value_hook, nonzero_fraction=nonzero_fraction)
+    if float_value is None:
+        float_value = float(os.environ.get("GPEMU_FLOAT_VALUE", "0"))
+    emu = Emulation(devices, trace=trace, model=model, value_hook=value_hook, nonzero_fraction=nonzero_fraction,
+                    float_value=float_value)
     emu.phases = PhaseTracker(spec.key, model, profile_lookup)
     state._set_current(emu)
     _patcher = Patcher()

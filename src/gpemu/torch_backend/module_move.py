@@ -52,6 +52,7 @@ def _adopt(old: torch.Tensor, new: EmuTensor) -> bool:
     keys = [r.key for r in refs]
     emu_tensor._refs.difference_update(refs)  # the references die without their callbacks: storage stays accounted
     del refs
+    value = ops.known_value(new)  # a buffer's host value (BatchNorm's num_batches_tracked) moves with it
     ops._known.pop(id(new), None)
     if weakref.getweakrefs(new):  # someone else watches `new`: put ours back and give up
         _track(new, keys)
@@ -62,6 +63,8 @@ def _adopt(old: torch.Tensor, new: EmuTensor) -> bool:
         _track(new, keys)
         return False
     _track(old, keys)
+    if value is not None:
+        ops.set_known_value(old, value)  # type: ignore[arg-type]  # `old` is the emulated tensor now
     return True
 
 

@@ -57,7 +57,17 @@ def host_value(
             return t.expand(shape).clone() if t.shape != shape else t.clone()
     if default is not None:
         return default.clone()
+    if emu is not None and emu.float_value and dtype.is_floating_point:  # See Note [Reading computed values]
+        return torch.full(shape, emu.float_value, dtype=dtype, device="cpu")
     return torch.zeros(shape, dtype=dtype, device="cpu")  # device=: a default device of cuda must not apply here
+
+
+# Note [Reading computed values]: values are not computed, so a host read of a computed tensor returns zeros (or the
+# value hook's answer). Host arithmetic on a read loss then fails where a real run would not: pytorch/examples
+# super_resolution's `10 * log10(1 / mse.item())` divides by zero, `math.log(loss.item())` has no domain.
+# GPEMU_FLOAT_VALUE=1 (install(float_value=1.0)) makes computed floating-point reads return that number instead;
+# integer and bool reads stay 0/False (counts, masks, `if torch.isnan(loss)`), and GradScaler's found_inf stays 0
+# (emulated gradients are finite), so its steps are not skipped.
 
 
 # host-to-device copies of at most this many bytes remember their source (a step counter, a GradScaler scale, an RNG
@@ -72,19 +82,25 @@ KNOWN_VALUE_MAX_BYTES = 64 * 1024
 _known: dict[int, tuple[weakref.ref[EmuTensor], torch.Tensor, bool, int]] = {}
 
 
-def set_known_value(t: EmuTensor, value: torch.Tensor, default: bool = False) -> None:
+def set_known_value(t: EmuTensor, value: torch.Tensor, default: bool = False, bumps: int = 0) -> None:
     """Record the CPU value of emulated tensor `t`; `.cpu()`/`.tolist()`/`.item()` of `t` return it until `t` is
-    modified in place."""
+    modified in place (`bumps`: version increments torch will still make for the op being handled)."""
     key = id(t)
+    version = _version_of(t)
     _known[key] = (weakref.ref(t, lambda _ref, key=key: _known.pop(key, None)), value, default,  # type: ignore[misc]
-                   t._version)
+                   version + bumps if version >= 0 else version)
+
+
+def _version_of(t: torch.Tensor) -> int:
+    """Return `t`'s version counter; -1 for inference tensors, which have none (in-place changes go unseen)."""
+    return -1 if t.is_inference() else t._version
 
 
 def _known_record(t: torch.Tensor) -> tuple[torch.Tensor, bool] | None:
     rec = _known.get(id(t)) if _known else None
     if rec is None or rec[0]() is not t:
         return None
-    if rec[3] != t._version:  # modified on the device since: the value is no longer known
+    if rec[3] != _version_of(t):  # modified on the device since: the value is no longer known
         _known.pop(id(t), None)
         return None
     return rec[1], rec[2]
@@ -196,7 +212,7 @@ def _copy_(func: Any, args: Any, kwargs: Any) -> Any:
     return dst
 
 
-@_special(aten._local_scalar_dense.default)
+@_special(aten._local_scalar_dense.default, aten.item.default)  # item: inference tensors reach dispatch with it
 def _item(func: Any, args: Any, kwargs: Any) -> Any:
     t = args[0]
     return device_to_host(t, reason="tensor.item()").reshape(()).item()
@@ -204,10 +220,21 @@ def _item(func: Any, args: Any, kwargs: Any) -> Any:
 
 @_special(aten.equal.default)
 def _equal(func: Any, args: Any, kwargs: Any) -> Any:
-    for t in args:
-        if isinstance(t, EmuTensor):
-            device_to_host(t, reason="torch.equal")
+    values = [device_to_host(t, reason="torch.equal") if isinstance(t, EmuTensor) else t for t in args[:2]]
+    if args[0].dtype == torch.bool and args[0].numel() == 1 and args[0].shape == args[1].shape:
+        # torch's C++ checks `is_scalar_tensor_true(cond)` = equal(cond, cond.new_ones(())): a check result reads
+        # False like any bool read, so the check passes (istft's window-envelope check)
+        return bool(torch.equal(values[0], values[1]))
     return args[0].shape == args[1].shape
+
+
+@_special(aten.new_ones.default)
+def _new_ones(func: Any, args: Any, kwargs: Any) -> Any:
+    """new_ones: a tensor of at most 16 ones keeps that host value (as torch.full does)."""
+    out = run_op(func, args, kwargs)
+    if isinstance(out, EmuTensor) and out.numel() <= 16:
+        set_known_value(out, torch.ones(tuple(out.shape), dtype=out.dtype))
+    return out
 
 
 @_special(aten.is_pinned.default)
@@ -317,6 +344,167 @@ for _op in (aten._unique2.default, aten.unique_dim.default, aten.unique_consecut
     SPECIAL[_op] = _unsupported_unique
 
 
+def _inplace_view(func: Any, args: Any, kwargs: Any) -> Any:
+    """In-place metadata ops (`unsqueeze_`, `transpose_`, ...): restride the wrapper to its inner meta tensor."""
+    w = args[0]
+    func(w._elem, *args[1:], **kwargs)  # the inner meta tensor takes the new sizes/strides; no kernel, no memory
+    with torch._C._DisableTorchDispatch():  # See Note [In-place view ops]
+        aten.as_strided_.default(w, w._elem.shape, w._elem.stride(), w._elem.storage_offset())
+    w._mk = (w._elem.shape, w._elem.stride(), w.dtype, w._index)
+    return w
+
+
+# Note [In-place view ops]: `x.unsqueeze_(0)`, `transpose_`, `squeeze_`, `t_`, `as_strided_` change only a tensor's
+# sizes and strides. An EmuTensor is a wrapper whose metadata C++ does not update from __torch_dispatch__, so these
+# failed ("changed the shape of an emulated tensor in place"; e.g. inside torch.stft and torch.quantile). The inner
+# meta tensor runs the op, then the wrapper is restrided to match with as_strided_ (its storage is the same size, so
+# the bounds check passes), and its op-cache key `_mk` is refreshed.
+for _name in ("unsqueeze_", "transpose_", "t_", "squeeze_", "as_strided_", "swapdims_", "swapaxes_"):
+    _view_packet: Any = getattr(aten, _name, None)
+    if _view_packet is not None:
+        for _ov in _view_packet.overloads():
+            SPECIAL[getattr(_view_packet, _ov)] = _inplace_view
+
+
+def _host_operand(a: Any) -> Any:
+    """Return `a` as a host value (numbers and CPU tensors as they are, emulated tensors by their known value)."""
+    if isinstance(a, EmuTensor):
+        return known_value(a)
+    return a
+
+
+def _counter_inplace(func: Any, args: Any, kwargs: Any) -> Any:
+    """Scalar in-place arithmetic: run it on the device; on a tensor whose value is known, update that value too."""
+    out = run_op(func, args, kwargs)
+    t = args[0]
+    if func in (aten.zero_.default, aten.fill_.Scalar) and t.numel() <= 16:  # a reset: the value is known again
+        value = args[1] if func is aten.fill_.Scalar else 0
+        set_known_value(t, torch.full(tuple(t.shape), value, dtype=t.dtype, device="cpu"), bumps=1)
+        return out
+    rec = _known_record(t) if _known else None
+    if rec is not None and not rec[1]:  # See Note [Counters on the device]
+        operands = [_host_operand(a) for a in args[1:]]
+        if all(o is not None for o in operands):
+            host = rec[0].clone()
+            func(host, *operands, **kwargs)
+            set_known_value(t, host, bumps=1)  # torch bumps `self`'s version after this handler returns
+    return out
+
+
+# Note [Counters on the device]: small tensors whose value gpemu knows (a host copy, a checkpoint, torch.full) are
+# often counters updated in place with a number: BatchNorm's num_batches_tracked (`add_(1)`, read back by
+# `1.0 / float(self.num_batches_tracked)` when momentum=None, as torch.optim.swa_utils.update_bn sets it), step
+# counters. The device op runs as usual and the same op is applied to the host value, so the count stays right
+# (it read 0 after the first add_ and the division failed). `zero_`/`fill_` of a tensor of at most 16 elements (a
+# counter reset: BatchNorm.reset_running_stats) makes its value known, as torch.full does.
+for _op in (aten.add_.Tensor, aten.add_.Scalar, aten.sub_.Tensor, aten.sub_.Scalar, aten.mul_.Tensor,
+            aten.mul_.Scalar, aten.zero_.default, aten.fill_.Scalar):
+    SPECIAL[_op] = _counter_inplace
+
+
+def _nms(func: Any, args: Any, kwargs: Any) -> Any:
+    """torchvision.ops.nms: keep `nonzero_fraction` of the boxes (Note [Data-dependent shapes]); syncs as on CUDA."""
+    boxes = args[0]
+    n = boxes.shape[0]
+    meta = torch.empty((_selected(n),), dtype=torch.long, device=META)
+    pairs = torch.empty((n, n), dtype=boxes.dtype, device=META)  # the IoU of every pair of boxes
+    charge(boxes._index, func, op_cost_s(aten.abs.default, (pairs,), {}, pairs, boxes._index))
+    _sync(boxes._index, "nms (data-dependent size)")  # CUDA nms copies its suppression mask to the host
+    return wrap(meta, boxes._index, tag="nms")
+
+
+def _max_target_len(targets: torch.Tensor, target_lengths: Any) -> int:
+    if targets.dim() == 2:  # padded (B, S)
+        return int(targets.shape[1])
+    if isinstance(target_lengths, EmuTensor):
+        target_lengths = known_value(target_lengths)
+    if isinstance(target_lengths, torch.Tensor):
+        target_lengths = target_lengths.tolist()
+    if target_lengths:
+        return int(max(target_lengths))
+    return int(targets.numel())  # lengths unknown: every target could be the longest
+
+
+@_special(aten._ctc_loss.default, aten._ctc_loss.Tensor)
+def _ctc_loss(func: Any, args: Any, kwargs: Any) -> Any:
+    """CTC forward: (neg_log_likelihood [B], log_alpha [B, T, 2 * max target length + 1]), one kernel."""
+    log_probs, targets, target_lengths = args[0], args[1], args[3]
+    time_steps, batch = int(log_probs.shape[0]), int(log_probs.shape[1])
+    states = 2 * _max_target_len(targets, target_lengths) + 1
+    nll = torch.empty((batch,), dtype=log_probs.dtype, device=META)
+    alpha = torch.empty((batch, time_steps, states), dtype=log_probs.dtype, device=META)
+    charge(log_probs._index, func, op_cost_s(aten.exp.default, (alpha,), {}, alpha, log_probs._index))
+    return wrap(nll, log_probs._index, tag="ctc_loss"), wrap(alpha, log_probs._index, tag="ctc_loss")
+
+
+@_special(aten._ctc_loss_backward.default, aten._ctc_loss_backward.Tensor)
+def _ctc_loss_backward(func: Any, args: Any, kwargs: Any) -> Any:
+    """CTC backward: a gradient shaped like log_probs; priced as a pass over alpha/beta and the gradient."""
+    log_probs, log_alpha = args[1], args[6]
+    grad = torch.empty(tuple(log_probs.shape), dtype=log_probs.dtype, device=META)
+    alpha = to_meta(log_alpha)
+    cost_s = 2 * op_cost_s(aten.exp.default, (alpha,), {}, alpha, log_probs._index)
+    charge(log_probs._index, func, cost_s + op_cost_s(aten.exp.default, (grad,), {}, grad, log_probs._index))
+    return wrap(grad, log_probs._index, tag="ctc_loss_backward")
+
+
+# custom (non-aten) ops whose meta kernels refuse data-dependent outputs, by qualified name
+DATA_DEPENDENT_BY_NAME: dict[str, Callable[[Any, Any, Any], Any]] = {"torchvision::nms": _nms}
+
+
+def data_dependent_op(func: Any, args: Any, kwargs: Any, exc: BaseException) -> Any:
+    """Handle an op whose meta kernel failed: a data-dependent op gpemu knows, else a clear error, else `exc`."""
+    handler = DATA_DEPENDENT_BY_NAME.get(func.name())
+    if handler is not None:
+        return handler(func, args, kwargs)
+    if "data-dependent" in str(exc) or "data dependent" in str(exc):
+        raise UnsupportedOpError(
+            f"gpemu cannot emulate op {func}: its output size depends on tensor values, which are not computed. "
+            "Workaround: run it on CPU tensors (`.cpu()` before the op, `.cuda()` after)."
+        ) from None
+    raise exc
+
+
+@_special(aten.allclose.default)
+def _allclose(func: Any, args: Any, kwargs: Any) -> Any:
+    """allclose reads a result on the host: charge the comparison, wait, answer True (sanity checks pass)."""
+    x = args[0] if isinstance(args[0], EmuTensor) else args[1]
+    charge(x._index, func, op_cost_s(aten.abs.default, (to_meta(x),), {}, to_meta(x), x._index))
+    _sync(x._index, "allclose (host read)")
+    return True
+
+
+@_special(aten.bincount.default)
+def _bincount(func: Any, args: Any, kwargs: Any) -> Any:
+    """bincount with `minlength`: assume every value is below it (the confusion-matrix idiom); else unsupported."""
+    x = args[0]
+    weights = args[1] if len(args) > 1 else kwargs.get("weights")
+    minlength = int(args[2] if len(args) > 2 else kwargs.get("minlength", 0))
+    if minlength <= 0:
+        raise UnsupportedOpError(
+            f"gpemu cannot emulate aten op {func} without minlength: its output size is max(input) + 1, a tensor "
+            "value, which is not computed. Workaround: pass minlength= (the number of bins, e.g. "
+            "torch.bincount(x, minlength=num_classes**2)); gpemu then assumes every value is below it."
+        )
+    dtype = weights.dtype if weights is not None else torch.long
+    meta = torch.empty((minlength,), dtype=dtype, device=META)
+    charge(x._index, func, op_cost_s(aten.abs.default, (to_meta(x),), {}, meta, x._index))
+    _sync(x._index, "bincount (max value read on the host)")  # CUDA bincount reads max(input) to size its output
+    return wrap(meta, x._index, tag="bincount")
+
+
+@_special(aten.repeat_interleave.Tensor)
+def _repeat_interleave(func: Any, args: Any, kwargs: Any) -> Any:
+    """repeat_interleave with tensor repeats needs `output_size` (the sum of the repeats, a tensor value)."""
+    if kwargs.get("output_size") is None:
+        raise UnsupportedOpError(
+            f"gpemu cannot emulate aten op {func} without output_size: its output size is the sum of the repeats, "
+            "a tensor value, which is not computed. Workaround: pass output_size= (as torch.compile also needs), "
+            "or repeat by a Python int."
+        )
+    return run_op(func, args, kwargs)
+
+
 def _inplace_noop(func: Any, args: Any, kwargs: Any) -> Any:
     """Ops with no meta kernel that only update tensors in place (AMP bookkeeping): charge a tiny kernel."""
     _uargs, _ukwargs, index, wrappers = unwrap_all(args, kwargs)
@@ -325,12 +513,48 @@ def _inplace_noop(func: Any, args: Any, kwargs: Any) -> Any:
 
 
 def _amp_update_scale(func: Any, args: Any, kwargs: Any) -> Any:
+    """GradScaler.update(): charge a tiny kernel; keep the scale and growth tracker known on the host."""
     _uargs, _ukwargs, index, _wrappers = unwrap_all(args, kwargs)
     charge(index, func, 2e-6)
+    scale, tracker, found_inf = args[0], args[1], args[2]
+    growth, backoff, interval = (list(args[3:]) + [kwargs.get(k) for k in (
+        "scale_growth_factor", "scale_backoff_factor", "growth_interval")][len(args) - 3:])[:3]
+    scale_v, tracker_v, found_v = _stale_value(scale), _stale_value(tracker), _stale_value(found_inf)
+    if scale_v is not None and tracker_v is not None:  # See Note [GradScaler on the host]
+        if found_v is not None and float(found_v.sum()) > 0:
+            new_scale, new_tracker = scale_v * backoff, torch.zeros_like(tracker_v)
+        elif int(tracker_v.reshape(-1)[0]) + 1 >= interval:
+            new_scale, new_tracker = scale_v * growth, torch.zeros_like(tracker_v)
+        else:
+            new_scale, new_tracker = scale_v.clone(), tracker_v + 1
+        set_known_value(scale, new_scale, bumps=1)  # torch bumps `self`'s version after this handler returns
+        set_known_value(tracker, new_tracker)
     return args[0]
 
 
-SPECIAL[aten._amp_foreach_non_finite_check_and_unscale_.default] = _inplace_noop
+def _stale_value(t: torch.Tensor) -> torch.Tensor | None:
+    """Return the host value recorded for `t` even if an in-place op bumped its version since (None if none)."""
+    rec = _known.get(id(t)) if _known else None
+    return rec[1] if rec is not None and rec[0]() is t and not rec[2] else None
+
+
+# Note [GradScaler on the host]: torch's GradScaler keeps its scale and growth tracker on the device and updates
+# them in place (`_amp_update_scale_`); gpemu knows their start values (small host values, see set_known_value) and
+# applies the same rule on the host so `scaler.get_scale()` stays right: emulated gradients are finite (found_inf
+# reads 0), so the scale doubles every `growth_interval` steps. Without this, get_scale() read 0 after the first
+# update, and the Hugging Face idiom `optimizer_was_run = scale_before <= scaler.get_scale()` saw a skipped step.
+
+
+def _amp_unscale(func: Any, args: Any, kwargs: Any) -> Any:
+    """GradScaler.unscale_(): charge a tiny kernel; emulated gradients are finite, so found_inf reads 0."""
+    out = _inplace_noop(func, args, kwargs)
+    found_inf = args[1] if len(args) > 1 else kwargs.get("found_inf")
+    if isinstance(found_inf, EmuTensor):
+        set_known_value(found_inf, torch.zeros(tuple(found_inf.shape), dtype=found_inf.dtype))
+    return out
+
+
+SPECIAL[aten._amp_foreach_non_finite_check_and_unscale_.default] = _amp_unscale
 SPECIAL[aten._amp_update_scale_.default] = _amp_update_scale
 
 

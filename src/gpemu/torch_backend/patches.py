@@ -403,9 +403,45 @@ def apply(emu: state.Emulation, patcher: Patcher) -> None:
 
     if hasattr(fu, "_foreach_supported_types"):
         patcher.set(fu, "_foreach_supported_types", [*fu._foreach_supported_types, EmuTensor])
+    if hasattr(fu, "_device_has_foreach_support"):
+        import torch.nn.utils.clip_grad as clip_grad
+
+        has_support = _foreach_device_check(fu._device_has_foreach_support)
+        patcher.set(fu, "_device_has_foreach_support", has_support)
+        if hasattr(clip_grad, "_device_has_foreach_support"):  # imported by name there
+            patcher.set(clip_grad, "_device_has_foreach_support", has_support)
     patcher.set(torch, "compile", _eager_compile)
+    import torch.backends.mha as mha
+
+    if hasattr(mha, "get_fastpath_enabled"):  # See Note [Transformer fast path]
+        patcher.set(mha, "get_fastpath_enabled", lambda: False)
     if hasattr(torch.nn.Module, "compile"):
         patcher.set(torch.nn.Module, "compile", lambda self, *args, **kwargs: None)
+
+
+def _foreach_device_check(orig: Any) -> Any:
+    """Return torch's `_device_has_foreach_support` that also accepts `meta` (the C++ device of EmuTensors)."""
+
+    def has_foreach_support(device: torch.device) -> bool:
+        return device.type == "meta" or bool(orig(device))
+
+    return has_foreach_support
+
+
+# Note [Foreach on emulated]: torch takes its multi-tensor (foreach) kernels only for tensors whose type is exactly
+# torch.Tensor (`_foreach_supported_types`) on a device in its list. EmuTensor is added to the types; and the device
+# torch sees after grouping tensors in C++ (`_group_tensors_by_device_and_dtype`) is `meta`, so `meta` is accepted
+# too: `clip_grad_norm_` then runs `_foreach_norm` as on a GPU (and `foreach=True` no longer raises "can't use the
+# foreach API on meta tensors"). Real meta tensors have foreach meta kernels, so accepting meta is harmless.
+
+
+# Note [Transformer fast path]: in eval mode without grad, nn.MultiheadAttention, nn.TransformerEncoderLayer and
+# nn.TransformerEncoder take a "fast path": one fused op per layer (`_transformer_encoder_layer_fwd`,
+# `_native_multi_head_attention`) and, with a padding mask, nested tensors (`_nested_tensor_from_mask`, which has no
+# meta kernel: the eval step failed). The fused ops have no cost model of their own (a 1024-wide layer on 32x512
+# tokens was priced 0.2 ms instead of ~20 ms), so under emulation torch.backends.mha.get_fastpath_enabled() answers
+# False and eval runs the standard path (linear, SDPA, layer_norm), priced op by op. A real GPU's fast path is somewhat
+# faster than that (fused kernels, padding skipped by nested tensors).
 
 
 # Note [torch.compile under emulation]

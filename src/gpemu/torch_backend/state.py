@@ -24,6 +24,7 @@ class Emulation:
     model: str | None = None
     value_hook: ValueHook | None = None
     nonzero_fraction: float = 1.0  # See Note [Data-dependent shapes] in ops.py
+    float_value: float = 0.0  # what computed floating-point values read back as; See Note [Reading computed values]
     autocast_seen: bool = False  # set once torch.autocast("cuda") is entered; enables dtype emulation
     _local: threading.local = field(default_factory=threading.local, repr=False)
     phases: Any = None  # gpemu.torch_backend.phases.PhaseTracker, set by install()

@@ -128,6 +128,11 @@ class EmuTensor(torch.Tensor):
 
     def __deepcopy__(self, memo: dict[int, Any]) -> EmuTensor:
         out = run_op(torch.ops.aten.clone.default, (self,), {})
+        from gpemu.torch_backend.ops import known_value, set_known_value
+
+        value = known_value(self)  # a counter buffer's host value survives copy.deepcopy (EMA / SWA model copies)
+        if value is not None:
+            set_known_value(out, value.clone())
         if self.requires_grad:
             out.requires_grad_(True)
         if getattr(self, "_is_param", False):
@@ -601,7 +606,7 @@ def run_op(func: Any, args: Any, kwargs: Any) -> Any:
     if func is _DETACH and not kwargs and type(args[0]) is EmuTensor:
         # autograd detaches every tensor it saves for backward (~40 % of a CNN's ops): the cheapest path there is
         x = args[0]
-        if x._mk is not None:
+        if x._mk is not None and not _inference_enabled():
             out = _alias(_DETACH(x._elem), x._index, x._mk)
             if out is not None:
                 return out
@@ -609,6 +614,9 @@ def run_op(func: Any, args: Any, kwargs: Any) -> Any:
         not isinstance(a, torch.Tensor) for a in args[1:]
     ):  # a view of one emulated tensor: torch's C++ meta kernel gives the aliasing meta view; no kernel, no memory
         x = args[0]
+        if _inference_enabled() and not x.is_inference():  # See Note [Views in inference mode]
+            with torch.inference_mode(False):
+                return wrap_outputs(func(x._elem, *args[1:]), x._index, {}, func)
         elem = func(x._elem, *args[1:])
         if type(elem) is torch.Tensor and elem.device.type == "meta":
             out = _alias(elem, x._index, None)
@@ -644,7 +652,14 @@ def run_op(func: Any, args: Any, kwargs: Any) -> Any:
         )
     else:
         cast_s = 0.0
-    out = call_meta(func, uargs, ukwargs)
+    try:
+        out = call_meta(func, uargs, ukwargs)
+    except (RuntimeError, NotImplementedError) as exc:
+        if not _is_composite(func):
+            from gpemu.torch_backend.ops import data_dependent_op
+
+            return data_dependent_op(func, args, kwargs, exc)  # a handler, a clear error, or `exc` re-raised
+        return func.decompose(*args, **kwargs)  # See Note [Composite ops on inference tensors]
     cost = -1.0
     if func not in _FREE_OPS and not func.is_view:
         cost = op_cost_s(func, uargs, ukwargs, out, index) + cast_s
@@ -654,4 +669,34 @@ def run_op(func: Any, args: Any, kwargs: Any) -> Any:
             _op_cache.clear()
         kind, meta = _out_meta(out, uargs, ukwargs, func)
         _op_cache[key] = (kind, meta, cost, func.__name__, _tag(func))
+    if func.is_view and _inference_enabled() and not any(w.is_inference() for w in wrappers.values()):
+        with torch.inference_mode(False):  # See Note [Views in inference mode]
+            return wrap_outputs(out, index, wrappers, func)
     return wrap_outputs(out, index, wrappers, func)
+
+
+_inference_enabled = torch.is_inference_mode_enabled
+
+_composite: dict[Any, bool] = {}
+
+
+def _is_composite(func: Any) -> bool:
+    """Return True when `func` has a CompositeImplicitAutograd kernel (it is defined by other aten ops)."""
+    known = _composite.get(func)
+    if known is None:
+        known = _composite[func] = torch._C._dispatch_has_kernel_for_dispatch_key(
+            func.name(), "CompositeImplicitAutograd"
+        )
+    return known
+
+
+# Note [Composite ops on inference tensors]: for tensors made under torch.inference_mode, torch skips the Autograd
+# keys, so composite ops that normally decompose before reaching __torch_dispatch__ (`item`, `is_nonzero` behind
+# `if t:`, `to(device="cpu")`) arrive whole. When their meta kernel cannot run them (a host read, a device change),
+# they are decomposed into the aten ops that define them, which gpemu handles (`_local_scalar_dense`, `_to_copy`).
+
+# Note [Views in inference mode]: under torch.inference_mode a view of a normal tensor is a normal tensor, and
+# torch's ADInplaceOrView kernel gives it its base's version counter after __torch_dispatch__ returns. A wrapper
+# built inside inference mode is an inference tensor, which has no version counter ("Cannot set version_counter for
+# inference tensor"), so the wrapper of such a view is built with inference mode off (e.g. `target[None]` inside
+# torchvision's accuracy()).

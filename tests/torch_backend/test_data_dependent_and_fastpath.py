@@ -1,0 +1,107 @@
+"""Ops real scripts use whose output size or pricing needs a policy: bincount, repeat_interleave, allclose, and the
+nn.Transformer eval fast path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gpemu.torch_backend as gt
+from gpemu.errors import UnsupportedOpError
+from gpemu.torch_backend import tensor as tensor_mod
+
+
+def test_bincount_with_minlength_is_the_confusion_matrix_idiom(emu: gt.Emulation) -> None:
+    n = 5
+    target = torch.randint(0, n, (64,), device="cuda")
+    pred = torch.randint(0, n, (64,), device="cuda")
+    k = (target >= 0) & (target < n)
+    hist = torch.bincount(n * target[k] + pred[k], minlength=n**2).reshape(n, n)  # vision segmentation ConfusionMatrix
+    assert hist.shape == (5, 5) and hist.dtype == torch.long
+    weighted = torch.bincount(target, torch.ones(64, device="cuda"), 8)
+    assert weighted.shape == (8,) and weighted.dtype == torch.float32
+
+
+def test_value_sized_ops_fail_with_a_workaround(emu: gt.Emulation) -> None:
+    x = torch.randint(0, 5, (8,), device="cuda")
+    with pytest.raises(UnsupportedOpError, match="minlength="):
+        torch.bincount(x)
+    with pytest.raises(UnsupportedOpError, match="output_size="):
+        torch.randn(8, 3, device="cuda").repeat_interleave(x, dim=0)
+    # with the size given, it runs: 20 rows
+    assert torch.randn(8, 3, device="cuda").repeat_interleave(x, dim=0, output_size=20).shape == (20, 3)
+
+
+def test_allclose_answers_true_after_waiting(emu: gt.Emulation) -> None:
+    x = torch.randn(1024, 1024, device="cuda")
+    y = x @ x  # queue real work so the host read has something to wait for
+    assert torch.allclose(y, y) is True
+    assert emu.devices[0].clock.now() >= emu.current_stream(0).t_done  # the host waited for the matmul
+
+
+def test_transformer_eval_runs_the_standard_path_priced_per_op(emu: gt.Emulation, monkeypatch) -> None:
+    d_model, ff, batch, seq = 256, 1024, 8, 128
+    layer = torch.nn.TransformerEncoderLayer(d_model, 4, ff, batch_first=True)
+    encoder = torch.nn.TransformerEncoder(layer, 1).cuda().eval()  # enable_nested_tensor defaults to True
+    x = torch.randn(batch, seq, d_model, device="cuda")
+    mask = torch.zeros(batch, seq, dtype=torch.bool, device="cuda")
+    charged: list[tuple[str, float]] = []
+    orig = tensor_mod.charge
+
+    def spy(index: int, func: object, cost_s: float, *args: object, **kwargs: object) -> None:
+        charged.append((func if isinstance(func, str) else func.__name__, cost_s))  # type: ignore[attr-defined]
+        orig(index, func, cost_s, *args, **kwargs)
+
+    monkeypatch.setattr(tensor_mod, "charge", spy)
+    with torch.no_grad():
+        out = encoder(x, src_key_padding_mask=mask)  # the nested-tensor fast path had no meta kernel: it raised
+    assert out.shape == (8, 128, 256)
+    names = {n for n, _ in charged}
+    assert not any(n.startswith(("_transformer_encoder_layer_fwd", "_native_multi_head_attention")) for n in names)
+    # linear FLOPs: 2 * tokens * (d*3d + d*d + 2*d*ff) = 2 * 1024 * (196608 + 65536 + 524288) = 1.61e9; at the A100's
+    # fp32 peak (19.5 TFLOP/s) that is >= 0.083 ms; the fused op used to be priced as memory traffic only
+    flops = 2 * batch * seq * (3 * d_model**2 + d_model**2 + 2 * d_model * ff)
+    assert sum(c for _, c in charged) >= flops / (emu.devices[0].spec.peak_tflops["fp32"] * 1e12)
+
+
+def test_torchvision_nms_keeps_the_assumed_fraction() -> None:
+    torchvision = pytest.importorskip("torchvision")
+    gt.install("v100", nonzero_fraction=0.25)
+    try:
+        boxes = torch.rand(40, 4, device="cuda")
+        keep = torchvision.ops.nms(boxes, torch.rand(40, device="cuda"), 0.5)
+        assert keep.shape == (10,) and keep.dtype == torch.long  # ceil(40 * 0.25)
+    finally:
+        gt.uninstall()
+
+
+def test_detection_model_trains_and_evaluates(emu: gt.Emulation) -> None:
+    torchvision = pytest.importorskip("torchvision")
+    model = torchvision.models.detection.fasterrcnn_mobilenet_v3_large_320_fpn(
+        weights=None, weights_backbone=None, num_classes=5
+    ).cuda()
+    images = [torch.rand(3, 200, 240).cuda() for _ in range(2)]
+    targets = [{"boxes": torch.tensor([[10.0, 20.0, 100.0, 120.0]]).cuda(), "labels": torch.tensor([1]).cuda()}] * 2
+    losses = model(images, targets)  # RPN and ROI heads: nms, box sampling by masks (torchvision references/detection)
+    assert sorted(losses) == ["loss_box_reg", "loss_classifier", "loss_objectness", "loss_rpn_box_reg"]
+    sum(losses.values()).backward()
+    assert model.roi_heads.box_predictor.cls_score.weight.grad is not None
+    model.eval()
+    with torch.no_grad():
+        detections = model(images)
+    assert detections[0]["boxes"].shape == (100, 4)  # worst case: detections_per_img (100) boxes kept
+
+
+def test_ctc_loss_forward_and_backward(emu: gt.Emulation) -> None:
+    logits = torch.randn(50, 4, 30, device="cuda", requires_grad=True)  # T=50, B=4, C=30 (speech-recognition style)
+    targets = torch.randint(1, 30, (4, 12), device="cuda")
+    lengths_in = torch.full((4,), 50, dtype=torch.long)
+    lengths_tgt = torch.full((4,), 12, dtype=torch.long)
+    loss = torch.nn.CTCLoss(blank=0, zero_infinity=True)(logits.log_softmax(2), targets, lengths_in, lengths_tgt)
+    loss.backward()
+    assert loss.shape == () and logits.grad is not None and logits.grad.shape == (50, 4, 30)
+    nll, alpha = torch.ops.aten._ctc_loss(logits.detach().log_softmax(2), targets, [50] * 4, [12] * 4)
+    assert nll.shape == (4,) and alpha.shape == (4, 50, 25)  # 2 * 12 + 1 extended-label states
+    flat = torch.randint(1, 30, (7,), device="cuda")  # concatenated targets of lengths 3 and 4
+    _, alpha = torch.ops.aten._ctc_loss(logits.detach()[:, :2].log_softmax(2), flat, [50, 50], [3, 4])
+    assert alpha.shape == (2, 50, 9)  # 2 * max(3, 4) + 1
