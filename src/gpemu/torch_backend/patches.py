@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from gpemu.errors import GpemuError
 from gpemu.torch_backend import cuda_api, default_device, legacy, profiling, rng, serialization, state
 from gpemu.torch_backend.ops import device_to_host, host_to_device, peer_copy, set_known_value
 from gpemu.torch_backend.pinned import is_pinned, pin
@@ -180,6 +181,39 @@ def _patched_scatter(orig: Callable[..., Any]) -> Callable[..., Any]:
         return tuple(outs)
 
     return scatter
+
+
+_DISTRIBUTED_HINT = (
+    "multi-process training on emulated GPUs (NCCL process groups, DistributedDataParallel) is not emulated yet: "
+    "gpemu's multi-GPU support is the next milestone. Workaround: run the script as one process without torchrun "
+    "(most scripts use a plain model when RANK/WORLD_SIZE are unset), or use torch.nn.DataParallel."
+)
+
+
+def _patched_init_process_group(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """torch.distributed.init_process_group: an NCCL group (or the default backend for a cuda device) raises a
+    GpemuError that names the limit and the workaround; CPU backends (gloo) still work."""
+
+    @functools.wraps(orig)
+    def init_process_group(backend: Any = None, *args: Any, **kwargs: Any) -> Any:
+        name = str(backend or "").lower()
+        if "nccl" in name or (not name and str(kwargs.get("device_id") or "").startswith("cuda")):
+            raise GpemuError(f"init_process_group(backend={backend!r}): {_DISTRIBUTED_HINT}")
+        return orig(backend, *args, **kwargs)
+
+    return init_process_group
+
+
+def _patched_ddp_init(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """DistributedDataParallel over emulated parameters raises a GpemuError with the workaround (see above)."""
+
+    @functools.wraps(orig)
+    def __init__(self: Any, module: Any, *args: Any, **kwargs: Any) -> None:
+        if any(isinstance(p, EmuTensor) for p in module.parameters()):
+            raise GpemuError(f"DistributedDataParallel({type(module).__name__}) on an emulated GPU: {_DISTRIBUTED_HINT}")
+        orig(self, module, *args, **kwargs)
+
+    return __init__
 
 
 def _patched_record_stream(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -376,6 +410,15 @@ def apply(emu: state.Emulation, patcher: Patcher) -> None:
         return copy_streams[i]
 
     patcher.set(parallel_functions, "_get_stream", get_stream)
+    import torch.distributed as dist
+
+    if dist.is_available():
+        patcher.set(dist, "init_process_group", _patched_init_process_group(dist.init_process_group))
+        import torch.distributed.distributed_c10d as c10d
+
+        patcher.set(c10d, "init_process_group", dist.init_process_group)
+    ddp = torch.nn.parallel.DistributedDataParallel
+    patcher.set(ddp, "__init__", _patched_ddp_init(ddp.__init__))
     patcher.set(parallel_comm, "scatter", _patched_scatter(parallel_comm.scatter))
     constructors = default_device.original_constructors()  # before the factories are patched: the originals
     route: dict[Any, Callable[..., Any]] = {}
