@@ -97,3 +97,17 @@ def test_script_halving_its_batch_on_oom_converges_to_max_batch_size() -> None:
             batch_size //= 2
     assert batch_size <= predicted < 2 * batch_size  # halving lands on the largest power of two that fits
     assert allocator.memory_stats()["num_ooms"] >= 1
+
+
+def test_autocast_memory_sits_between_fp16_and_fp32() -> None:
+    from gpemu.memory.predict import predict_memory
+
+    fp16, amp, fp32 = (predict_memory("a100", "resnet18", 16, d) for d in ("fp16", "amp", "fp32"))
+    # autocast keeps fp32 weights, gradients and momentum (3 x 44.6 MiB for resnet18's 11.7 M parameters) but 16-bit
+    # activations: its peak lies strictly between a pure-fp16 and a pure-fp32 model's
+    assert fp16["peak_mib"] < amp["peak_mib"] < fp32["peak_mib"]
+    assert amp["parameter_mib"] == pytest.approx(fp32["parameter_mib"], rel=0.01)
+    assert amp["top_allocations_mib"]["optimizer"] == pytest.approx(amp["parameter_mib"], rel=0.05)
+    # after the step the same fp32 state persists; fp32's figure also holds two 8.125 MiB cuBLAS workspaces
+    assert amp["persistent_mib"] == pytest.approx(fp32["persistent_mib"] - 2 * 8.125, abs=5.0)
+    assert "autocast" in str(amp["source"]) and "not validated" in str(amp["source"])

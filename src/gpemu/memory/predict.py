@@ -58,9 +58,8 @@ def build_workload(
     if dtype in ("amp", "amp_bf16", "tf32"):
         if dtype == "tf32":  # TF32 changes the math, not the storage: memory is fp32's
             return build_workload(workload, batch_size, "fp32", source)
-        raise GpemuError(f"memory for dtype {dtype!r} (autocast) is not simulated yet: activations are 16-bit but "
-                         "weights, gradients and optimizer state stay fp32, plus autocast's weight copies; "
-                         "`--dtype fp16` gives a lower bound and `--dtype fp32` an upper bound")
+        raise GpemuError(f"build_workload cannot express dtype {dtype!r} (autocast) as a meta model: use "
+                         "predict_memory(), which simulates autocast through the drop-in emulation")
     if dtype not in _DTYPES:
         raise UnknownNameError("dtype", dtype, _DTYPES)
     torch_dtype = _DTYPES[dtype]
@@ -218,11 +217,63 @@ def _simulate_cached(
     cublas_workspace: bool, capacity_bytes: int | None, source: str = "zoo", hardtanh_inplace_clone: bool = False,
 ) -> StepMemory:
     spec = get_gpu(gpu_key)
+    if dtype in AUTOCAST_DTYPES:
+        return _simulate_autocast(spec, workload, batch_size, dtype, iterations, set_to_none, capacity_bytes)
     allocator = new_allocator(spec, capacity_bytes)
     model, batch = build_workload(workload, batch_size, dtype, source)
     workspace = cublas_workspace_bytes(spec) if cublas_workspace else 0
     return simulate_training(model, batch, allocator, iterations, set_to_none, workspace, _zoo_loss(workload),
                              hardtanh_inplace_clone, tuple(spec.compute_capability))  # type: ignore[arg-type]
+
+
+AUTOCAST_DTYPES = {"amp": torch.float16, "amp_bf16": torch.bfloat16}
+# what the drop-in's allocation tags (the op that made each storage) hold after a step of _simulate_autocast
+_DROPIN_TAGS = {"h2d": "parameters", "torch.randn": "input batch", "torch.randint": "input batch",
+                "aten.clone.default": "optimizer", "aten._to_copy.default": "gradients"}
+
+
+def _simulate_autocast(spec: GPUSpec, workload: str, batch_size: int, dtype: str, iterations: int,
+                       set_to_none: bool, capacity_bytes: int | None) -> StepMemory:
+    """Memory of autocast training (fp32 weights, gradients and optimizer state; 16-bit activations and autocast's
+    weight copies), run through the drop-in emulation: zoo model .cuda(), torch.autocast + GradScaler, SGD-momentum.
+
+    See Note [Autocast casts take memory] in torch_backend/autocast.py for what the casts hold and when they go.
+    """
+    import gpemu.torch_backend as gt
+    from gpemu.workloads import models as zoo
+
+    if gt.current_emulation() is not None:
+        raise GpemuError("autocast memory is simulated through the drop-in emulation, which is already installed in "
+                         "this process: call predict_memory(dtype='amp') from a process without gpemu.install()")
+    emu = gt.install(spec.key, memory_limit_bytes=capacity_bytes if capacity_bytes and capacity_bytes < 1 << 59
+                     else None, replay=False)
+    try:
+        alloc = emu.devices[0].allocator
+        model = zoo.build_model(workload)
+        model.cuda()
+        parameter_bytes = alloc.memory_allocated()
+        inputs, target = zoo.example_batch(workload, batch_size, device="cuda")
+        batch_bytes = alloc.memory_allocated() - parameter_bytes
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=False)
+        scaler = torch.amp.GradScaler("cuda")
+        model.train()
+        for _ in range(iterations):
+            alloc.reset_peak_memory_stats()
+            with torch.autocast("cuda", dtype=AUTOCAST_DTYPES[dtype]):
+                loss = zoo.loss_fn(workload, _first_tensor(model(inputs)), target)
+            optimizer.zero_grad(set_to_none=set_to_none)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            del loss
+        tags: dict[str, int] = {}
+        for tag, nbytes in _group_tags(alloc.allocated_by_tag()).items():
+            name = _DROPIN_TAGS.get(tag, tag)
+            tags[name] = tags.get(name, 0) + nbytes
+        return StepMemory(alloc.max_memory_allocated(), alloc.memory_allocated(), alloc.max_memory_reserved(),
+                          parameter_bytes, batch_bytes, tags)
+    finally:
+        gt.uninstall()
 
 
 def _zoo_loss(workload: str) -> Callable[..., torch.Tensor] | None:
@@ -270,6 +321,10 @@ def predict_memory(
         "fits": mem.reserved_peak_bytes + spec.context_mib * MIB <= spec.memory_bytes,
         "top_allocations_mib": {k: v / MIB for k, v in mem.top_tags.items()},
         "source": (
+            f"simulated: {iterations} autocast ({dtype}) SGD-momentum + GradScaler training steps through the drop-in "
+            f"emulation's CUDA caching-allocator model (fp32 master weights and optimizer state, 16-bit activations "
+            f"and autocast weight copies, zero_grad(set_to_none={set_to_none})); not validated against measurements "
+            "(GPEmu's data is fp32)" if dtype in AUTOCAST_DTYPES else
             f"simulated: {iterations} SGD-momentum training steps on meta tensors through gpemu's CUDA "
             f"caching-allocator model ({dtype}, zero_grad(set_to_none={set_to_none}), "
             f"cuBLAS workspace {'on' if cublas_workspace else 'off'}, in-place hardtanh_ saves "
