@@ -196,3 +196,18 @@ def test_a_backward_pass_marks_its_iteration_as_training() -> None:
     col.mark_iteration()  # no backward in this one
     col.finish()
     assert [w.trained for w in col.iterations] == [True, False]
+
+
+def test_a_fetch_the_loop_never_used_is_not_an_iteration() -> None:
+    clock = ManualClock()
+    emu = Emulator("v100", clock=clock)
+    col = RunCollector(emu.devices, clock=clock.now)
+    col.mark_iteration()
+    emu.compute(0.100)  # launched at 0, runs 5 us -> 0.100005; the host runs ahead
+    clock.advance(0.010)
+    col.mark_iteration()  # `for i, batch in enumerate(loader): if i >= iters: break` fetched one more batch
+    clock.advance(0.200)  # e.g. torch.save at the end
+    col.finish()
+    (row,) = iteration_rows(col)
+    assert not row["partial"]
+    assert row["wall_s"] == pytest.approx(0.100005)  # the iteration lasts until its GPU work is done

@@ -17,7 +17,8 @@ from gpemu.device.gpu import EmulatedGPU
 # of the next one. Its data wait is the host time blocked inside the fetch. A fetch that raises StopIteration closes
 # the open iteration without opening one (time between epochs -- validation, iterator start-up -- belongs to no
 # iteration). The iteration still open when the run ends closes at the later of the host's last GPU interaction and
-# the GPU finishing that work, and is flagged partial (the summary leaves partial iterations out when it has others).
+# the GPU finishing that work, and is flagged partial -- unless it launched no GPU work (the loop fetched a batch and
+# broke out): then it is dropped and the iteration before it ends when the GPU finishes (the summary leaves partial iterations out when it has others).
 # GPU figures of an iteration are engine busy time *inside its wall-clock window* (work launched earlier but
 # running in it counts), so busy + idle = wall exactly. The host runs ahead of the GPU (launches are asynchronous), so
 # a window's busy time is not the GPU time of the iteration's own work; that is counted separately, by launch time
@@ -207,6 +208,17 @@ class RunCollector:
             if win is None:
                 return
             gpu_done = max((d.t_done for d in self.devices), default=0.0)
+            prev = self.iterations[-2] if len(self.iterations) >= 2 else None
+            def launched(w: IterationWindow) -> float:
+                return sum(v for (_, engine), v in w.launched_s.items() if engine == "compute")
+
+            if prev is not None and prev.end_s == win.start_s and launched(win) == 0.0 and launched(prev) > 0.0:
+                # the loop fetched a batch and stopped (`if i >= iters: break`): no iteration; the one before it
+                # ends when the GPU finishes its work, as at the end of an epoch
+                self.iterations.pop()
+                self._open = None
+                prev.end_s = max(prev.end_s, min(gpu_done, self.now()))
+                return
             end_s = max(self._last_activity_s, min(gpu_done, self.now()) if gpu_done > win.start_s else 0.0)
             if end_s <= win.start_s:
                 end_s = self.now()

@@ -195,7 +195,8 @@ class RunReport:
             self.memory.close()
         if self.json_path is not None:
             write_json({**report, "complete": True}, self.json_path)
-        if self.print_summary if print_summary is None else print_summary:
+        idle_process = not self.collector.iterations and not self.collector.logs  # e.g. torchrun's launcher
+        if (self.print_summary if print_summary is None else print_summary) and not idle_process:
             render(report)
             if self.memory is not None:
                 self.memory.render()
