@@ -40,6 +40,7 @@ SHARED_PARAMS: tuple[str, ...] = (
     "t0_bwd",
 )
 PER_GPU_PARAMS: tuple[str, ...] = ("a", "b", "c")  # compute, memory and host factors
+BORROWED_PARAMS: tuple[str, ...] = ("a", "b")  # what an unfitted GPU takes from its nearest fitted one (not the host)
 
 
 @dataclass(frozen=True)
@@ -52,11 +53,17 @@ class CostParams:
     note: str = ""
 
     def factors(self, spec: GPUSpec, use_per_gpu: bool = True) -> dict[str, float]:
-        """Return the per-GPU factors a, b, c for `spec`: its own, else the nearest fitted GPU's (Note [Borrowed
-        factors] in predict.py), else 1.0; all 1.0 with use_per_gpu=False."""
+        """Return the per-GPU factors a, b, c for `spec`: its own, else the nearest fitted GPU's device factors a, b
+        with the average host c = 1.0 (Note [Borrowed factors] in predict.py), else 1.0; all 1.0 with
+        use_per_gpu=False."""
         base = {k: 1.0 for k in PER_GPU_PARAMS}
         if use_per_gpu:
-            base.update(self.per_gpu.get(spec.key) or self.per_gpu.get(self.factor_source(spec) or "", {}))
+            own = self.per_gpu.get(spec.key)
+            if own:
+                base.update(own)
+            else:
+                borrowed = self.per_gpu.get(self.factor_source(spec) or "", {})
+                base.update({k: v for k, v in borrowed.items() if k in BORROWED_PARAMS})
         return base
 
     def factor_source(self, spec: GPUSpec) -> str | None:
