@@ -4,9 +4,19 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+import pytest
 import torch
 
-from gpemu.cost.model import SHARED_PARAMS, load_params, peak_flops, phase_seconds
+from gpemu.cost.model import (
+    SHARED_PARAMS,
+    CostParams,
+    bn_plane,
+    load_params,
+    peak_flops,
+    phase_seconds,
+    plane_efficiency,
+)
 from gpemu.hardware import get_gpu, list_gpus
 
 
@@ -37,3 +47,45 @@ def test_effective_peaks_follow_tensor_core_rules() -> None:
     assert peak_flops(v100, "fp16", "matmul", False, 0.5) == 14e12  # misaligned 16-bit: CUDA cores
     assert peak_flops(p100, "fp16", "conv", True, 0.5) == 18.7e12  # no tensor cores: packed half2
     assert peak_flops(v100, "bf16", "matmul", True, 0.5) == 14e12  # no native bf16 before Ampere
+
+
+def test_batch_norm_plane_size() -> None:
+    # NCHW batch norm streams H*W contiguous elements per (n, c): 56 * 56 = 3136
+    assert bn_plane("native_batch_norm", (32, 64, 56, 56)) == 3136.0
+    assert bn_plane("native_batch_norm_backward", (32, 2048, 7, 7)) == 49.0  # 7 * 7
+    assert bn_plane("native_batch_norm", (32, 512)) == math.inf  # BatchNorm1d: contiguous across channels
+    assert bn_plane("relu", (32, 64, 56, 56)) == math.inf  # not a batch norm: no ramp
+
+
+def test_batch_norm_efficiency_ramps_with_plane_size() -> None:
+    eff = plane_efficiency(np.array([49.0, 256.0, 50176.0, np.inf]), 256.0).tolist()
+    assert eff[0] == pytest.approx(49 / (49 + 256))  # 0.1607: a 7x7 plane
+    assert eff[1] == pytest.approx(0.5)  # P = half
+    assert eff[2] == pytest.approx(50176 / (50176 + 256))  # 0.9949: a 224x224 plane streams at full speed
+    assert eff[3] == 1.0  # other ops
+
+
+def test_batch_norm_time_scales_with_plane_efficiency() -> None:
+    from gpemu.cost.registry import OpCost
+    from gpemu.cost.roofline import cost_time_s
+
+    v100 = get_gpu("v100")
+    shared = {**load_params().shared, "bn_plane_half": 256.0, "mem_lat_cycles": 0.0, "k0": 0.0, "m_norm": 0.5}
+    params = CostParams(shared, {})
+    cost = OpCost(0, 9e8, "norm", "fp32")  # 0.9 GB, memory-bound
+    # 9e8 B / (900e9 B/s * 0.5) = 2 ms at full efficiency; a 256-element plane halves it: 4 ms
+    assert cost_time_s(cost, "native_batch_norm", v100, params) == pytest.approx(2e-3)
+    assert cost_time_s(cost, "native_batch_norm", v100, params, plane=256.0) == pytest.approx(4e-3)
+
+
+def test_op_arrays_plane_from_records() -> None:
+    from types import SimpleNamespace
+
+    from gpemu.cost.model import op_arrays
+
+    common = {"phase": "forward", "flops": 0.0, "bytes": 0.0, "dtype": "fp32", "tensor_core": False}
+    bn = SimpleNamespace(name="native_batch_norm", category="norm", in_shapes=((8, 64, 14, 14),), **common)
+    bare = SimpleNamespace(name="native_batch_norm", category="norm", **common)  # OpRecord-like, no shapes
+    plane = op_arrays([bn, bare]).plane
+    assert plane is not None
+    assert plane.tolist() == [196.0, math.inf]  # 14 * 14; no shapes -> no ramp

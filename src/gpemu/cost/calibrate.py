@@ -65,7 +65,8 @@ def _concat(parts: Sequence[OpArrays]) -> OpArrays:
     cat = lambda attr: np.concatenate([getattr(o, attr) for o in parts])  # noqa: E731
     return OpArrays([n for o in parts for n in o.names], [c for o in parts for c in o.category],
                     [d for o in parts for d in o.dtype], cat("tensor_core"), cat("phase"), cat("flops"), cat("bytes"),
-                    cat("flops_per_sample"), cat("bytes_per_sample"), cat("views_before"))
+                    cat("flops_per_sample"), cat("bytes_per_sample"), cat("views_before"),
+                    cat("plane"))
 
 
 class _GpuBlock:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -19,7 +20,7 @@ from gpemu.hardware import GPUSpec
 # Note [Time model]
 # One kernel of category c with F FLOPs and M bytes on GPU g:
 #     compute_s = (F + w_half * sm_count) / (peak_g(dtype, c, tensor_core) * e_c * a_g)
-#     memory_s  = M / (bw_g * m_c * b_g) + mem_lat_cycles / clock_g
+#     memory_s  = M / (bw_g * m_c * r_bn * b_g) + mem_lat_cycles / clock_g   (r_bn: Note [Batch-norm plane size])
 #     kernel_s  = max(compute_s, memory_s) + k0                      (views: 0)
 # i.e. efficiency ramps as F / (F + w_half * SMs): a kernel needs ~w_half FLOPs per SM before it fills the GPU, and
 # a memory-bound kernel pays a fixed latency of mem_lat_cycles SM clock cycles (small kernels are latency-bound, and
@@ -37,7 +38,7 @@ MEMORY_CATEGORIES: tuple[str, ...] = tuple(c for c in CATEGORIES if c not in COM
 SHARED_PARAMS: tuple[str, ...] = (
     "e_conv", "e_conv_bwd", "e_grouped", "e_grouped_bwd", "e_matmul", "w_half", "m_elementwise", "m_norm",
     "m_other", "m_elementwise_bwd", "m_norm_bwd", "m_other_bwd", "mem_lat_cycles", "k0", "h", "h_bwd", "h_view", "t0",
-    "t0_bwd",
+    "t0_bwd", "bn_plane_half",
 )
 PER_GPU_PARAMS: tuple[str, ...] = ("a", "b", "c")  # compute, memory and host factors
 BORROWED_PARAMS: tuple[str, ...] = ("a", "b")  # what an unfitted GPU takes from its nearest fitted one (not the host)
@@ -81,6 +82,7 @@ DEFAULT_SHARED: dict[str, float] = {
     "e_conv": 0.6, "e_conv_bwd": 0.5, "e_grouped": 0.1, "e_grouped_bwd": 0.05, "e_matmul": 0.7, "w_half": 2e6, "m_elementwise": 0.75, "m_norm": 0.6, "m_other": 0.6,
     "m_elementwise_bwd": 0.75, "m_norm_bwd": 0.6, "m_other_bwd": 0.6,
     "mem_lat_cycles": 5e3, "k0": 3e-6, "h": 2e-5, "h_bwd": 1e-5, "h_view": 3e-6, "t0": 3e-4, "t0_bwd": 1e-3,
+    "bn_plane_half": 256.0,
 }
 
 
@@ -142,6 +144,7 @@ class OpArrays:
     flops_per_sample: np.ndarray | None = None
     bytes_per_sample: np.ndarray | None = None
     views_before: np.ndarray | None = None  # set by compress_views: view ops folded into the next kernel's host time
+    plane: np.ndarray | None = None  # batch-norm ops: elements per contiguous (n, c) plane, H*W; inf for other ops
 
     def at_batch(self, batch_size: float) -> tuple[np.ndarray, np.ndarray]:
         """Return (flops, bytes) at `batch_size` (batch-linear arrays) or the stored ones."""
@@ -151,6 +154,24 @@ class OpArrays:
 
 
 _PHASE_ID = {"forward": 0, "backward": 1, "optimizer": 2}
+
+
+BATCH_NORM_OPS: frozenset[str] = frozenset({
+    "native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_functional", "cudnn_batch_norm",
+    "_native_batch_norm_legit_no_training", "native_batch_norm_backward", "cudnn_batch_norm_backward"})
+
+
+def bn_plane(name: str, shape: Sequence[int]) -> float:
+    """Return the elements of one contiguous (n, c) plane (H*W) a batch-norm op streams over its NCHW input, inf
+    for other ops and for 2-D inputs (see Note [Batch-norm plane size])."""
+    if name not in BATCH_NORM_OPS or len(shape) <= 2:
+        return math.inf
+    return float(math.prod(shape[2:]))
+
+
+def _first_shape(record: Any) -> tuple[int, ...]:
+    shapes = getattr(record, "in_shapes", ())  # OpRecord-like objects without shapes get no batch-norm ramp
+    return tuple(shapes[0]) if shapes else ()
 
 
 def op_arrays(records: Sequence[Any]) -> OpArrays:
@@ -163,6 +184,7 @@ def op_arrays(records: Sequence[Any]) -> OpArrays:
         phase=np.array([_PHASE_ID[r.phase] for r in records], dtype=np.int64),
         flops=np.array([r.flops for r in records], dtype=np.float64),
         bytes=np.array([r.bytes for r in records], dtype=np.float64),
+        plane=np.array([bn_plane(r.name, _first_shape(r)) for r in records], dtype=np.float64),
     )
 
 
@@ -174,6 +196,7 @@ class SpecColumns:
     is_kernel: np.ndarray
     compute_param: np.ndarray  # index into COMPUTE_PARAMS, -1 for memory-only ops
     mem_param: np.ndarray  # index into MEMORY_PARAMS
+    plane: np.ndarray  # batch-norm plane elements (inf elsewhere), Note [Batch-norm plane size]
     bw: float
     sm_count: int
     clock_hz: float
@@ -216,6 +239,7 @@ def spec_columns(ops: OpArrays, spec: GPUSpec, tc_rel: float) -> SpecColumns:
         is_kernel=np.array([c != "view" for c in ops.category]),
         compute_param=np.array([compute_param_index(c, n) for c, n in zip(ops.category, ops.names, strict=True)]),
         mem_param=np.array([_MEM_IDX[mem_param(c, bool(ph))] for c, ph in zip(ops.category, ops.phase, strict=True)]),
+        plane=ops.plane if ops.plane is not None else np.full(len(ops.names), np.inf),
         bw=spec.memory_bw_gbps * 1e9,
         sm_count=spec.sm_count,
         clock_hz=spec.boost_clock_mhz * 1e6,
@@ -226,6 +250,20 @@ def _t(x: Any) -> torch.Tensor:
     return x if isinstance(x, torch.Tensor) else torch.as_tensor(x, dtype=torch.float64)
 
 
+# Note [Batch-norm plane size]
+# cuDNN's NCHW batch norm reduces each channel over N planes of H*W contiguous elements. Large planes (VGG's 224x224)
+# stream at full speed; small ones (7x7 = 196 bytes at the end of a ResNet) are short, poorly coalesced segments
+# and per-plane reduction overhead. So a batch-norm op's memory efficiency ramps with its plane size P:
+#     m_eff = m_norm * P / (P + bn_plane_half)
+# bn_plane_half (elements) is fitted and shared by every GPU. Without it the single per-byte batch-norm cost was set
+# by the ResNets' and DenseNets' small planes and overpriced the VGG-BN models' big ones (their backward predicted
+# 40-55 % too slow in-sample, vs 20-30 % for the same VGGs without batch norm).
+def plane_efficiency(plane: Any, half: Any) -> torch.Tensor:
+    """Return P / (P + half) per op (1 where P is inf): the batch-norm plane-size ramp, Note [Batch-norm plane size]."""
+    plane_t = torch.as_tensor(plane, dtype=torch.float64)
+    return 1.0 / (1.0 + _t(half) / plane_t)
+
+
 def kernel_seconds(flops: Any, nbytes: Any, cols: SpecColumns, p: dict[str, Any], f: dict[str, Any]) -> torch.Tensor:
     """Return per-op GPU kernel seconds as a float64 tensor (`p` shared params, `f` per-GPU factors; floats or
     tensors, so the calibration can differentiate through it)."""
@@ -233,7 +271,7 @@ def kernel_seconds(flops: Any, nbytes: Any, cols: SpecColumns, p: dict[str, Any]
     e = torch.stack([_t(p[k]) for k in COMPUTE_PARAMS])
     m = torch.stack([_t(p[k]) for k in MEMORY_PARAMS])
     e_op = e[torch.as_tensor(np.maximum(cols.compute_param, 0))]
-    m_op = m[torch.as_tensor(cols.mem_param)]
+    m_op = m[torch.as_tensor(cols.mem_param)] * plane_efficiency(cols.plane, p["bn_plane_half"])
     has_compute = torch.as_tensor(cols.compute_param >= 0)
     compute = (flops + p["w_half"] * cols.sm_count) / (torch.as_tensor(cols.peak) * e_op * f["a"])
     compute = torch.where(has_compute, compute, torch.zeros_like(compute))
@@ -254,7 +292,7 @@ def compress_views(ops: OpArrays) -> OpArrays:
                     ops.flops[keep], ops.bytes[keep],
                     None if ops.flops_per_sample is None else ops.flops_per_sample[keep],
                     None if ops.bytes_per_sample is None else ops.bytes_per_sample[keep],
-                    before.astype(np.float64))
+                    before.astype(np.float64), None if ops.plane is None else ops.plane[keep])
 
 
 def host_seconds(ops: OpArrays, p: dict[str, Any], f: dict[str, Any]) -> torch.Tensor:

@@ -84,7 +84,8 @@ def _subset(ops: OpArrays, mask: np.ndarray) -> OpArrays:
     return OpArrays(pick(ops.names), pick(ops.category), pick(ops.dtype), ops.tensor_core[idx], ops.phase[idx],
                     ops.flops[idx], ops.bytes[idx],
                     None if ops.flops_per_sample is None else ops.flops_per_sample[idx],
-                    None if ops.bytes_per_sample is None else ops.bytes_per_sample[idx])
+                    None if ops.bytes_per_sample is None else ops.bytes_per_sample[idx],
+                    plane=None if ops.plane is None else ops.plane[idx])
 
 
 def model_phase_seconds(spec: GPUSpec, model: str, phase: str, batch_sizes: Sequence[float], dtype: str = "fp32",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -10,10 +11,12 @@ import torch
 from gpemu.cost.model import (
     COMPUTE_PARAMS,
     CostParams,
+    bn_plane,
     compute_param_index,
     load_params,
     mem_param,
     peak_flops,
+    plane_efficiency,
 )
 from gpemu.cost.registry import OpCost, io_bytes, op_cost
 from gpemu.hardware import GPUSpec
@@ -61,8 +64,10 @@ def op_bytes(args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> int:
     return io_bytes(args, kwargs, out)
 
 
-def cost_time_s(cost: OpCost, name: str, spec: GPUSpec, params: CostParams | None = None) -> float:
-    """Return the fitted model's kernel seconds for one op's cost on `spec` (0 for views; no launch overhead)."""
+def cost_time_s(cost: OpCost, name: str, spec: GPUSpec, params: CostParams | None = None,
+                plane: float = math.inf) -> float:
+    """Return the fitted model's kernel seconds for one op's cost on `spec` (0 for views; no launch overhead);
+    `plane` is a batch-norm op's H*W (Note [Batch-norm plane size])."""
     if cost.category == "view":
         return 0.0
     params = params or load_params()
@@ -73,7 +78,7 @@ def cost_time_s(cost: OpCost, name: str, spec: GPUSpec, params: CostParams | Non
         peak = peak_flops(spec, cost.dtype, cost.category, cost.tensor_core, params.tc_rel)
         compute = (cost.flops + p["w_half"] * spec.sm_count) / (peak * p[COMPUTE_PARAMS[cidx]] * f["a"])
     backward = name.endswith(("_backward", "_backward_data"))  # the phase is unknown here; named grads are bwd
-    m_eff = p[mem_param(cost.category, backward)]
+    m_eff = p[mem_param(cost.category, backward)] * float(plane_efficiency(plane, p["bn_plane_half"]))
     memory = cost.bytes / (spec.memory_bw_gbps * 1e9 * m_eff * f["b"]) + p["mem_lat_cycles"] / (spec.boost_clock_mhz * 1e6)
     return max(compute, memory) + p["k0"]
 
@@ -86,7 +91,10 @@ def op_time_s(func: Any, args: Sequence[Any], kwargs: dict[str, Any], out: Any, 
         return hit
     from gpemu.cost.registry import op_name
 
-    value = cost_time_s(op_cost(func, args, kwargs, out), op_name(func), spec)
+    name = op_name(func)
+    first = args[0] if args else None
+    plane = bn_plane(name, tuple(first.shape)) if isinstance(first, torch.Tensor) else math.inf
+    value = cost_time_s(op_cost(func, args, kwargs, out), name, spec, plane=plane)
     if len(_cache) >= _CACHE_LIMIT:
         _cache.clear()
     _cache[key] = value
