@@ -38,3 +38,26 @@ def test_nccl_and_ddp_fail_with_the_workaround(emu: gt.Emulation) -> None:
         dist.init_process_group(backend="nccl", init_method="tcp://127.0.0.1:1", world_size=1, rank=0)
     with pytest.raises(GpemuError, match=r"DistributedDataParallel\(Linear\).*DataParallel"):
         torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2).cuda())
+
+
+def test_data_parallel_splits_the_batch_over_two_emulated_gpus() -> None:
+    emu = gt.install("v100", count=2)
+    try:
+        lin = torch.nn.Linear(1024, 1024)
+        model = torch.nn.DataParallel(lin).cuda()
+        x = torch.randn(64, 1024, device="cuda")
+        stats = [d.stats for d in emu.devices]
+        out = model(x)
+        assert out.device == torch.device("cuda", 0) and out.shape == (64, 1024)
+        out.sum().backward()
+        torch.cuda.synchronize()
+        # each GPU ran the forward matmul on half the batch, so both did compute
+        assert stats[0].work_s["kernel"] > 0 and stats[1].work_s["kernel"] > 0
+        # replicate: weight + bias (1024*1024 + 1024 floats = 4,198,400 B) copied to GPU 1 once; scatter: half of x
+        # (32*1024*4 = 131,072 B); backward moves the output-grad half back and GPU 1's weight/bias grads to GPU 0
+        p2p_s = stats[0].work_s.get("p2p", 0.0) + stats[1].work_s.get("p2p", 0.0)
+        nvlink_bps = emu.devices[0].spec.nvlink_gbps or emu.devices[0].spec.h2d_pinned_gbps
+        assert p2p_s >= (4_198_400 + 131_072) / (nvlink_bps * 1e9)
+        assert lin.weight.grad is not None and lin.weight.grad.device == torch.device("cuda", 0)
+    finally:
+        gt.uninstall()

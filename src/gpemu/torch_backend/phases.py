@@ -26,6 +26,7 @@ import contextlib
 import functools
 import json
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,15 @@ def _input_matches(workload: str, batch: torch.Tensor) -> bool:
     calibration]: GPEmu's rows and the zoo are 3x224x224 images; another resolution is another workload)."""
     expected = _profiled_input(workload)
     return expected is None or tuple(batch.shape[1:]) == expected
+
+
+def _replica_thread() -> bool:
+    """Return True in a DataParallel replica thread (several emulated GPUs, not the main thread): phases are the
+    main thread's; replicas run on per-op predictions (a profile is one GPU's step, not a slice of one)."""
+    if threading.current_thread() is threading.main_thread():
+        return False
+    emu = state.current_emulation()
+    return emu is not None and len(emu.devices) > 1
 
 
 # ---- model identification ------------------------------------------------------------------------------------
@@ -212,7 +222,7 @@ class PhaseTracker:
     # -- hooks
 
     def _pre(self, module: torch.nn.Module, args: Any) -> None:
-        if self.top is not None:
+        if self.top is not None or _replica_thread():
             return
         from gpemu.torch_backend.tensor import EmuTensor
 
