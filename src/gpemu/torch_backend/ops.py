@@ -465,6 +465,15 @@ def data_dependent_op(func: Any, args: Any, kwargs: Any, exc: BaseException) -> 
     raise exc
 
 
+@_special(aten.embedding_sparse_backward.default, aten._sparse_coo_tensor_with_dims_and_tensors.default)
+def _sparse_unsupported(func: Any, args: Any, kwargs: Any) -> Any:
+    raise UnsupportedOpError(
+        f"gpemu cannot emulate aten op {func}: sparse tensors (e.g. the gradient of nn.Embedding(sparse=True)) are "
+        "not emulated. Workaround: sparse=False (a dense gradient; use a dense optimizer such as Adam instead of "
+        "SparseAdam), or keep sparse tensors on the CPU."
+    )
+
+
 @_special(aten.allclose.default)
 def _allclose(func: Any, args: Any, kwargs: Any) -> Any:
     """allclose reads a result on the host: charge the comparison, wait, answer True (sanity checks pass)."""
