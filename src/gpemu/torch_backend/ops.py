@@ -474,6 +474,19 @@ def _sparse_unsupported(func: Any, args: Any, kwargs: Any) -> Any:
     )
 
 
+def _reduce_known(func: Any, args: Any, kwargs: Any) -> Any:
+    """A full reduction (max/min/sum): on a tensor whose value is known, the result's value is known too."""
+    out = run_op(func, args, kwargs)
+    value = known_value(args[0]) if _known and isinstance(args[0], EmuTensor) else None
+    if value is not None and isinstance(out, EmuTensor):  # e.g. num_classes = labels.max().item() + 1
+        set_known_value(out, func(value, *args[1:], **kwargs))
+    return out
+
+
+for _op in (aten.max.default, aten.min.default, aten.sum.default, aten.amax.default, aten.amin.default):
+    SPECIAL[_op] = _reduce_known
+
+
 @_special(aten.allclose.default)
 def _allclose(func: Any, args: Any, kwargs: Any) -> Any:
     """allclose reads a result on the host: charge the comparison, wait, answer True (sanity checks pass)."""
@@ -489,6 +502,9 @@ def _bincount(func: Any, args: Any, kwargs: Any) -> Any:
     x = args[0]
     weights = args[1] if len(args) > 1 else kwargs.get("weights")
     minlength = int(args[2] if len(args) > 2 else kwargs.get("minlength", 0))
+    value = known_value(x) if _known else None
+    if value is not None and value.numel():  # values the host knows (labels copied from the host): the real size
+        minlength = max(minlength, int(value.max()) + 1)
     if minlength <= 0:
         raise UnsupportedOpError(
             f"gpemu cannot emulate aten op {func} without minlength: its output size is max(input) + 1, a tensor "
