@@ -48,3 +48,12 @@ def test_reductions_of_host_known_labels(emu: gt.Emulation) -> None:
     assert int(labels.sum()) == 11 and labels.min().item() == 0
     assert torch.bincount(labels).shape == (7,)  # max + 1 bins, as on a GPU
     assert torch.randn(3, device="cuda").max().item() == 0.0  # computed values stay unknown
+
+
+def test_many_updates_between_reads(emu: gt.Emulation) -> None:
+    step = torch.tensor(0).to("cuda")
+    for _ in range(150):  # queued on the host value and applied in batches of 64 and on read
+        step.add_(1)
+    assert step.item() == 150
+    step.mul_(2).sub_(100)
+    assert step.item() == 200  # 150 * 2 - 100
