@@ -57,3 +57,9 @@ def test_many_updates_between_reads(emu: gt.Emulation) -> None:
     assert step.item() == 150
     step.mul_(2).sub_(100)
     assert step.item() == 200  # 150 * 2 - 100
+
+
+def test_casts_of_host_known_values(emu: gt.Emulation) -> None:
+    labels = torch.tensor([0, 1, 2, 3]).cuda()
+    assert labels.float().tolist() == [0.0, 1.0, 2.0, 3.0]  # was zeros: the cast dropped the known value
+    assert labels.to(torch.float16).sum().item() == 6.0

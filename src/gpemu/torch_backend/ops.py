@@ -212,7 +212,12 @@ def _to_copy(func: Any, args: Any, kwargs: Any) -> Any:
             if dtype is None or dtype == x.dtype:
                 return x
         kwargs = {k: v for k, v in kwargs.items() if k not in ("device", "non_blocking")}
-        return run_op(func, (x, *args[1:]), kwargs)
+        out = run_op(func, (x, *args[1:]), kwargs)
+        if _known and id(x) in _known and isinstance(out, EmuTensor):  # a cast of a host-known value: labels.float()
+            value = known_value(x)
+            if value is not None:
+                set_known_value(out, value.to(out.dtype))
+        return out
     # a CPU source with an emulated device argument cannot reach here (the CPU kernel handles it)
     return run_op(func, args, kwargs)
 
