@@ -105,3 +105,9 @@ def test_ctc_loss_forward_and_backward(emu: gt.Emulation) -> None:
     flat = torch.randint(1, 30, (7,), device="cuda")  # concatenated targets of lengths 3 and 4
     _, alpha = torch.ops.aten._ctc_loss(logits.detach()[:, :2].log_softmax(2), flat, [50, 50], [3, 4])
     assert alpha.shape == (2, 50, 9)  # 2 * max(3, 4) + 1
+
+
+def test_sparse_embedding_gradients_fail_with_a_workaround(emu: gt.Emulation) -> None:
+    emb = torch.nn.Embedding(10, 4, sparse=True).cuda()
+    with pytest.raises(UnsupportedOpError, match="sparse=False"):
+        emb(torch.tensor([1, 2], device="cuda")).sum().backward()

@@ -40,3 +40,26 @@ def test_deepcopy_and_update_bn(emu: gt.Emulation) -> None:
     torch.optim.swa_utils.update_bn(loader, swa_model, device=torch.device("cuda"))  # momentum=None inside
     assert swa_model.module[1].num_batches_tracked.item() == 2  # reset, then one per batch
     assert swa_model.n_averaged.item() == 1
+
+
+def test_reductions_of_host_known_labels(emu: gt.Emulation) -> None:
+    labels = torch.tensor([0, 3, 6, 2]).to("cuda")  # copied from the host: values known
+    assert labels.max().item() + 1 == 7  # the num_classes idiom (pytorch/examples gcn); it read 0 + 1 before
+    assert int(labels.sum()) == 11 and labels.min().item() == 0
+    assert torch.bincount(labels).shape == (7,)  # max + 1 bins, as on a GPU
+    assert torch.randn(3, device="cuda").max().item() == 0.0  # computed values stay unknown
+
+
+def test_many_updates_between_reads(emu: gt.Emulation) -> None:
+    step = torch.tensor(0).to("cuda")
+    for _ in range(150):  # queued on the host value and applied in batches of 64 and on read
+        step.add_(1)
+    assert step.item() == 150
+    step.mul_(2).sub_(100)
+    assert step.item() == 200  # 150 * 2 - 100
+
+
+def test_casts_of_host_known_values(emu: gt.Emulation) -> None:
+    labels = torch.tensor([0, 1, 2, 3]).cuda()
+    assert labels.float().tolist() == [0.0, 1.0, 2.0, 3.0]  # was zeros: the cast dropped the known value
+    assert labels.to(torch.float16).sum().item() == 6.0

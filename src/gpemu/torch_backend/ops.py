@@ -11,6 +11,7 @@ import torch
 
 from gpemu.errors import UnsupportedOpError
 from gpemu.torch_backend import state
+from gpemu.torch_backend import tensor as _tensor_mod
 from gpemu.torch_backend.tensor import (
     META,
     EmuTensor,
@@ -87,8 +88,19 @@ def set_known_value(t: EmuTensor, value: torch.Tensor, default: bool = False, bu
     modified in place (`bumps`: version increments torch will still make for the op being handled)."""
     key = id(t)
     version = _version_of(t)
-    _known[key] = (weakref.ref(t, lambda _ref, key=key: _known.pop(key, None)), value, default,  # type: ignore[misc]
+    _pending.pop(key, None)
+    _known[key] = (weakref.ref(t, lambda _ref, key=key: _forget(key)), value, default,  # type: ignore[misc]
                    version + bumps if version >= 0 else version)
+
+
+def _forget(key: int) -> None:
+    _known.pop(key, None)
+    _pending.pop(key, None)
+
+
+# id(tensor) -> in-place scalar ops applied on the device and not yet to the recorded host value (applied on read);
+# See Note [Counters on the device]
+_pending: dict[int, list[tuple[Any, list[Any], dict[str, Any]]]] = {}
 
 
 def _version_of(t: torch.Tensor) -> int:
@@ -101,9 +113,21 @@ def _known_record(t: torch.Tensor) -> tuple[torch.Tensor, bool] | None:
     if rec is None or rec[0]() is not t:
         return None
     if rec[3] != _version_of(t):  # modified on the device since: the value is no longer known
-        _known.pop(id(t), None)
+        _forget(id(t))
         return None
+    if _pending and id(t) in _pending:
+        return _apply_pending(id(t)), rec[2]
     return rec[1], rec[2]
+
+
+def _apply_pending(key: int) -> torch.Tensor:
+    """Apply the queued in-place ops of tensor `key` to its recorded host value; return the new value."""
+    ref, value, default, version = _known[key]
+    value = value.clone()
+    for func, operands, kwargs in _pending.pop(key, ()):
+        func(value, *operands, **kwargs)
+    _known[key] = (ref, value, default, version)
+    return value
 
 
 def known_value(t: torch.Tensor) -> torch.Tensor | None:
@@ -188,7 +212,12 @@ def _to_copy(func: Any, args: Any, kwargs: Any) -> Any:
             if dtype is None or dtype == x.dtype:
                 return x
         kwargs = {k: v for k, v in kwargs.items() if k not in ("device", "non_blocking")}
-        return run_op(func, (x, *args[1:]), kwargs)
+        out = run_op(func, (x, *args[1:]), kwargs)
+        if _known and id(x) in _known and isinstance(out, EmuTensor):  # a cast of a host-known value: labels.float()
+            value = known_value(x)
+            if value is not None:
+                set_known_value(out, value.to(out.dtype))
+        return out
     # a CPU source with an emulated device argument cannot reach here (the CPU kernel handles it)
     return run_op(func, args, kwargs)
 
@@ -231,7 +260,7 @@ def _equal(func: Any, args: Any, kwargs: Any) -> Any:
 @_special(aten.new_ones.default)
 def _new_ones(func: Any, args: Any, kwargs: Any) -> Any:
     """new_ones: a tensor of at most 16 ones keeps that host value (as torch.full does)."""
-    out = run_op(func, args, kwargs)
+    out = _tensor_mod.run_op(func, args, kwargs)
     if isinstance(out, EmuTensor) and out.numel() <= 16:
         set_known_value(out, torch.ones(tuple(out.shape), dtype=out.dtype))
     return out
@@ -375,27 +404,36 @@ def _host_operand(a: Any) -> Any:
 
 def _counter_inplace(func: Any, args: Any, kwargs: Any) -> Any:
     """Scalar in-place arithmetic: run it on the device; on a tensor whose value is known, update that value too."""
-    out = run_op(func, args, kwargs)
+    out = _tensor_mod.run_op(func, args, kwargs)
     t = args[0]
-    if func in (aten.zero_.default, aten.fill_.Scalar) and t.numel() <= 16:  # a reset: the value is known again
-        value = args[1] if func is aten.fill_.Scalar else 0
-        set_known_value(t, torch.full(tuple(t.shape), value, dtype=t.dtype, device="cpu"), bumps=1)
+    if func is _ZERO or func is _FILL:
+        if t.numel() <= 16:  # a reset: the value is known again
+            value = args[1] if func is _FILL else 0
+            set_known_value(t, torch.full(tuple(t.shape), value, dtype=t.dtype, device="cpu"), bumps=1)
         return out
-    rec = _known_record(t) if _known else None
-    if rec is not None and not rec[1]:  # See Note [Counters on the device]
-        operands = [_host_operand(a) for a in args[1:]]
-        if all(o is not None for o in operands):
-            host = rec[0].clone()
-            func(host, *operands, **kwargs)
-            set_known_value(t, host, bumps=1)  # torch bumps `self`'s version after this handler returns
+    rec = _known.get(id(t)) if _known else None
+    if rec is None or rec[2] or rec[0]() is not t or rec[3] != _version_of(args[0]):  # not known (or stale)
+        return out
+    operands = [_host_operand(a) for a in args[1:]]  # See Note [Counters on the device]
+    if any(o is None for o in operands):
+        return out
+    pending = _pending.setdefault(id(t), [])
+    pending.append((func, operands, kwargs))
+    _known[id(t)] = (rec[0], rec[1], rec[2], rec[3] + 1 if rec[3] >= 0 else rec[3])  # torch bumps it after this
+    if len(pending) >= 64:  # apply now and then, so a counter never read does not grow a long list
+        _apply_pending(id(t))
     return out
+
+
+_ZERO, _FILL = aten.zero_.default, aten.fill_.Scalar
 
 
 # Note [Counters on the device]: small tensors whose value gpemu knows (a host copy, a checkpoint, torch.full) are
 # often counters updated in place with a number: BatchNorm's num_batches_tracked (`add_(1)`, read back by
 # `1.0 / float(self.num_batches_tracked)` when momentum=None, as torch.optim.swa_utils.update_bn sets it), step
-# counters. The device op runs as usual and the same op is applied to the host value, so the count stays right
-# (it read 0 after the first add_ and the division failed). `zero_`/`fill_` of a tensor of at most 16 elements (a
+# counters. The device op runs as usual and the same op is queued for the host value and applied when it is read
+# (cheap per update: resnet50 runs 53 such add_ per step), so the count stays right (it read 0 after the first add_
+# and the division failed). `zero_`/`fill_` of a tensor of at most 16 elements (a
 # counter reset: BatchNorm.reset_running_stats) makes its value known, as torch.full does.
 for _op in (aten.add_.Tensor, aten.add_.Scalar, aten.sub_.Tensor, aten.sub_.Scalar, aten.mul_.Tensor,
             aten.mul_.Scalar, aten.zero_.default, aten.fill_.Scalar):
@@ -465,6 +503,28 @@ def data_dependent_op(func: Any, args: Any, kwargs: Any, exc: BaseException) -> 
     raise exc
 
 
+@_special(aten.embedding_sparse_backward.default, aten._sparse_coo_tensor_with_dims_and_tensors.default)
+def _sparse_unsupported(func: Any, args: Any, kwargs: Any) -> Any:
+    raise UnsupportedOpError(
+        f"gpemu cannot emulate aten op {func}: sparse tensors (e.g. the gradient of nn.Embedding(sparse=True)) are "
+        "not emulated. Workaround: sparse=False (a dense gradient; use a dense optimizer such as Adam instead of "
+        "SparseAdam), or keep sparse tensors on the CPU."
+    )
+
+
+def _reduce_known(func: Any, args: Any, kwargs: Any) -> Any:
+    """A full reduction (max/min/sum): on a tensor whose value is known, the result's value is known too."""
+    out = _tensor_mod.run_op(func, args, kwargs)
+    value = known_value(args[0]) if _known and isinstance(args[0], EmuTensor) else None
+    if value is not None and isinstance(out, EmuTensor):  # e.g. num_classes = labels.max().item() + 1
+        set_known_value(out, func(value, *args[1:], **kwargs))
+    return out
+
+
+for _op in (aten.max.default, aten.min.default, aten.sum.default, aten.amax.default, aten.amin.default):
+    SPECIAL[_op] = _reduce_known
+
+
 @_special(aten.allclose.default)
 def _allclose(func: Any, args: Any, kwargs: Any) -> Any:
     """allclose reads a result on the host: charge the comparison, wait, answer True (sanity checks pass)."""
@@ -480,6 +540,9 @@ def _bincount(func: Any, args: Any, kwargs: Any) -> Any:
     x = args[0]
     weights = args[1] if len(args) > 1 else kwargs.get("weights")
     minlength = int(args[2] if len(args) > 2 else kwargs.get("minlength", 0))
+    value = known_value(x) if _known else None
+    if value is not None and value.numel():  # values the host knows (labels copied from the host): the real size
+        minlength = max(minlength, int(value.max()) + 1)
     if minlength <= 0:
         raise UnsupportedOpError(
             f"gpemu cannot emulate aten op {func} without minlength: its output size is max(input) + 1, a tensor "
@@ -502,7 +565,7 @@ def _repeat_interleave(func: Any, args: Any, kwargs: Any) -> Any:
             "a tensor value, which is not computed. Workaround: pass output_size= (as torch.compile also needs), "
             "or repeat by a Python int."
         )
-    return run_op(func, args, kwargs)
+    return _tensor_mod.run_op(func, args, kwargs)
 
 
 def _inplace_noop(func: Any, args: Any, kwargs: Any) -> Any:

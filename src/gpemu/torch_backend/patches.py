@@ -197,7 +197,8 @@ def _patched_init_process_group(orig: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(orig)
     def init_process_group(backend: Any = None, *args: Any, **kwargs: Any) -> Any:
         name = str(backend or "").lower()
-        if "nccl" in name or (not name and str(kwargs.get("device_id") or "").startswith("cuda")):
+        # no backend: with CUDA "available" torch picks NCCL for cuda (ProcessGroupNCCL: "no GPUs found")
+        if "nccl" in name or (not name and not str(kwargs.get("device_id") or "").startswith("cpu")):
             raise GpemuError(f"init_process_group(backend={backend!r}): {_DISTRIBUTED_HINT}")
         return orig(backend, *args, **kwargs)
 
