@@ -140,3 +140,12 @@ def test_real_gpu_mode_records_iterations_without_emulating(tmp_path: os.PathLik
     assert [bool(it.get("partial")) for it in data["iterations"]] == [False, False, False, True]
     validate = _gpemu("validate", "--gpu-run", report, "--emulated-run", report, "--json", "--warmup", "0")
     assert validate.returncode == 0 and json.loads(validate.stdout)["median_abs_error_pct"] == 0.0
+
+
+def test_a_script_killed_by_a_zero_read_gets_the_float_value_hint(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    script = tmp_path / "psnr.py"
+    script.write_text("import math, torch\nmse = (torch.randn(4, device='cuda') ** 2).mean()\n"
+                      "print(10 * math.log10(1 / mse.item()))\n")
+    proc = _gpemu("run", "--gpu", "a100", "--", sys.executable, str(script))
+    assert proc.returncode == 1 and "ZeroDivisionError" in proc.stderr  # mse reads back as 0.0 by default
+    assert "GPEMU_FLOAT_VALUE=1" in proc.stderr

@@ -125,7 +125,29 @@ def install_from_env() -> Emulation:
     )
     if trace is not None and trace_path:
         atexit.register(trace.write, trace_path)
+    _hint_on_zero_values()
     return emu
+
+
+def _hint_on_zero_values() -> None:
+    """Wrap sys.excepthook: a script killed by arithmetic on an emulated value (1 / loss.item() with the default
+    0) gets one line naming GPEMU_FLOAT_VALUE after its traceback."""
+    import sys
+
+    original = sys.excepthook
+
+    def hook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
+        original(exc_type, exc, tb)
+        math_error = issubclass(exc_type, ZeroDivisionError) or (
+            issubclass(exc_type, ValueError) and "math domain" in str(exc))
+        current = state.current_emulation()
+        if math_error and current is not None and current.float_value == 0.0:
+            print("gpemu: values computed on the emulated GPU read back as 0 (no arithmetic is emulated); if the "
+                  "script divides by or takes the log of such a value, rerun with GPEMU_FLOAT_VALUE=1 "
+                  "(docs/drop-in.md, Values)", file=sys.stderr)
+
+    hook.__wrapped__ = original  # type: ignore[attr-defined]
+    sys.excepthook = hook
 
 
 def _patch_autocast(patcher: Patcher, emu: Emulation) -> None:
