@@ -61,3 +61,18 @@ def test_data_parallel_splits_the_batch_over_two_emulated_gpus() -> None:
         assert lin.weight.grad is not None and lin.weight.grad.device == torch.device("cuda", 0)
     finally:
         gt.uninstall()
+
+
+def test_multi_gpu_data_parallel_is_not_calibrated_to_a_one_gpu_profile() -> None:
+    import torchvision
+
+    emu = gt.install("v100", count=2)
+    try:
+        model = torch.nn.DataParallel(torchvision.models.resnet18()).cuda()  # identifiable as resnet18
+        x = torch.randn(4, 3, 224, 224, device="cuda")
+        for _ in range(2):
+            model(x).sum().backward()
+        described = emu.phases.describe()
+    finally:
+        gt.uninstall()
+    assert described["calibrated"] == {} and described["phase_predicted"] == {}

@@ -236,6 +236,8 @@ class PhaseTracker:
             self.key = None
             return
         workload = self._workload(module)
+        if isinstance(module, torch.nn.DataParallel) and len(module.device_ids or []) > 1:
+            workload = None  # a profile is one GPU's step; the replicas' ops on N GPUs are not a slice of it
         if workload and not self.model and not _input_matches(workload, batch):  # 64x64 crops: not the profile's step
             workload = None
         emu = state.current_emulation()
