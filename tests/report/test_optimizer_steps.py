@@ -66,3 +66,21 @@ def test_backward_passes_do_not_add_iterations_once_a_step_is_seen() -> None:
     finally:
         report.unpatch_optimizer()
     assert len(report.collector.iterations) == 3
+
+
+def test_gradient_accumulation_before_the_first_step_adds_no_iterations() -> None:
+    report = RunReport([EmulatedGPU("v100", clock=ManualClock())], print_summary=False)
+    report.patch_optimizer()
+    try:
+        w = torch.nn.Parameter(torch.zeros(4))
+        opt = torch.optim.SGD([w], lr=0.1)
+        for _ in range(3):  # nanoGPT style: 4 micro-steps (backward passes) per optimizer step, no DataLoader
+            for _ in range(4):
+                w.sum().backward()
+            opt.step()
+    finally:
+        report.unpatch_optimizer()
+    # Before the fix, backward passes 2-4 of the first step were boundaries too (3 + 3 = 6 windows); the first step
+    # drops those, so only the 3 steps are boundaries: windows 0 and 1 closed, window 2 open.
+    assert len(report.collector.iterations) == 3
+    assert [w.index for w in report.collector.iterations] == [0, 1, 2]

@@ -187,6 +187,12 @@ class RunCollector:
         now = self.now()
         self.on_fetch(now - data_wait_s, now)
 
+    def drop_iterations(self, start_index: int) -> None:
+        """Forget the iterations from `start_index` on (their boundaries proved wrong); none is left open."""
+        with self._lock:
+            del self.iterations[start_index:]
+            self._open = None
+
     def _close(self, end_s: float, partial: bool = False) -> None:
         win = self._open
         if win is None:

@@ -49,7 +49,9 @@ def _torch_backend_meter() -> Callable[[], tuple[float, int]] | None:
 # (nanoGPT-style, in-memory batches) end one at each optimizer.step(). Loops with neither (pytorch/examples
 # word_language_model updates parameters by hand) end one at each backward pass from the second on: the first
 # backward may be followed by an optimizer step we have not seen yet, and a step, once seen, takes over. With
-# gradient accumulation and an optimizer, iterations are optimizer steps.
+# gradient accumulation and an optimizer, iterations are optimizer steps: the first step comes after several backward
+# passes (nanoGPT: gradient_accumulation_steps of them), whose boundaries were micro-steps, so the first step drops
+# the iterations they opened before it marks its own.
 
 
 class RunReport:
@@ -81,6 +83,7 @@ class RunReport:
         self._original_backward: Any = None
         self._steps_seen = 0
         self._backwards_seen = 0
+        self._first_backward_iteration: int | None = None  # index of the first iteration a backward pass opened
 
     # -- DataLoader patch -------------------------------------------------------------------------------------------
     def patch_dataloader(self) -> None:
@@ -133,6 +136,8 @@ class RunReport:
             report._steps_seen += 1
             report.collector.note_training()
             if not report._saw_fetch:
+                if report._steps_seen == 1 and report._first_backward_iteration is not None:
+                    report.collector.drop_iterations(report._first_backward_iteration)
                 _boundary()
 
         if self._step_hook is None:
@@ -146,6 +151,8 @@ class RunReport:
                 report._backwards_seen += 1
                 report.collector.note_training()
                 if not report._saw_fetch and report._steps_seen == 0 and report._backwards_seen >= 2:
+                    if report._first_backward_iteration is None:
+                        report._first_backward_iteration = len(report.collector.iterations)
                     _boundary()
                 return out
 
