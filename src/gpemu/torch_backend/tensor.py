@@ -205,6 +205,9 @@ class _StorageRef(weakref.ref):  # type: ignore[type-arg]
 
     __slots__ = ("key",)
     key: int
+    # _refs hashes each reference once: weakref.ref's own hash is its referent's, i.e. a call of the Python-level
+    # Tensor.__hash__ (~0.1 us more per wrapper). Identity is what _refs needs. See Note [Host overhead].
+    __hash__ = object.__hash__
 
 
 _refs: set[_StorageRef] = set()  # keeps the references (and so their callbacks) alive
@@ -251,7 +254,7 @@ def to_meta(t: torch.Tensor) -> torch.Tensor:
     """Return the meta view of `t`: the inner tensor of an EmuTensor, or a meta tensor like a CPU tensor."""
     if isinstance(t, EmuTensor):
         return t._elem
-    if t.device.type == "meta":
+    if t.is_meta:  # not t.device.type == "meta": that builds a device object
         return t
     return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=META)
 
@@ -396,7 +399,7 @@ def _wrap_one(t: torch.Tensor, index: int, wrappers: dict[int, EmuTensor], func:
                 f"{tuple(t.shape)}); gpemu cannot resize wrapper tensors. Workaround: use the out-of-place form."
             )
         return w
-    if t.device.type != "meta":
+    if not t.is_meta:  # an emulated tensor (its is_meta is False) or a host tensor
         return t
     return wrap(t, index, tag=_tag(func))
 
@@ -610,15 +613,14 @@ def run_op(func: Any, args: Any, kwargs: Any) -> Any:
             out = _alias(_DETACH(x._elem), x._index, x._mk)
             if out is not None:
                 return out
-    if func.is_view and isinstance(args[0], EmuTensor) and not kwargs and all(
-        not isinstance(a, torch.Tensor) for a in args[1:]
-    ):  # a view of one emulated tensor: torch's C++ meta kernel gives the aliasing meta view; no kernel, no memory
+    if func.is_view and isinstance(args[0], EmuTensor) and not kwargs and _no_tensors(args, 1):
+        # a view of one emulated tensor: torch's C++ meta kernel gives the aliasing meta view; no kernel, no memory
         x = args[0]
         if _inference_enabled() and not x.is_inference():  # See Note [Views in inference mode]
             with torch.inference_mode(False):
                 return wrap_outputs(func(x._elem, *args[1:]), x._index, {}, func)
         elem = func(x._elem, *args[1:])
-        if type(elem) is torch.Tensor and elem.device.type == "meta":
+        if type(elem) is torch.Tensor and elem.is_meta:  # not .device.type: that builds a device object (~1 us)
             out = _alias(elem, x._index, None)
             if out is not None:
                 return out
@@ -679,6 +681,14 @@ def run_op(func: Any, args: Any, kwargs: Any) -> Any:
 
 
 _inference_enabled = torch.is_inference_mode_enabled
+
+
+def _no_tensors(args: Any, start: int) -> bool:
+    """Return True when no argument from `start` on is a tensor (a loop: all() over a generator costs ~0.5 us)."""
+    for a in args[start:]:  # noqa: SIM110 (a loop, not all(generator): see the docstring)
+        if isinstance(a, torch.Tensor):
+            return False
+    return True
 
 _composite: dict[Any, bool] = {}
 
