@@ -428,7 +428,12 @@ def _tag(func: Any) -> str:
 # re-keys the wrapper. `_key_of` checks exact types first (EmuTensor, scalars, lists of ints). Fresh outputs of a
 # cached op and replayed outputs/gradients are built by fresh(), which passes the known sizes and strides straight
 # to the wrapper instead of reading them back from the meta tensor. `aten.detach` - which autograd calls on every
-# tensor it saves for backward, ~40 % of the ops of a CNN training step - is built from the input's key by _detached.
+# tensor it saves for backward, ~40 % of the ops of a CNN training step - is built from the input's key (run_op's
+# first branch, _alias).
+# Smaller items, each measured A/B on tiny tensors: a cache hit looks the current stream up once for its kernel and
+# its outputs (~0.7 us per lookup); Stream.enqueue reads the clock for the launch-queue check only when the queue
+# could overflow; tests for meta use `.is_meta`, never `.device.type` (which builds a torch.device, ~1 us); weak
+# references hash by identity (weakref.ref's hash calls the Python-level Tensor.__hash__).
 
 _FRESH, _ARG0, _NONE, _GENERIC = 0, 1, 2, 3
 _OP_CACHE_MAX = 200_000
