@@ -163,3 +163,19 @@ def test_replayed_work_is_marked_in_the_trace() -> None:
     assert names == {"replay forward", "replay backward"}
     # the recorded step ran 4 forward ops (conv, bn, relu, addmm) at least: chunks cover every one of them
     assert sum(int(e["args"]["ops"]) for e in replayed if str(e["name"]).startswith("replay forward")) >= 4
+
+
+def test_replayed_autograd_grad_and_backward_inputs_leave_other_grads_alone(emu: gt.Emulation) -> None:
+    # Note [Direct gradients]: the replayed backward sets `.grad` itself only where AccumulateGrad would run
+    model = _small().cuda()
+    x = torch.randn(8, 3, 16, 16, device="cuda")
+    params = list(model.parameters())
+    for _ in range(3):  # calls 1-2 record, call 3 is the first replayed
+        grads = torch.autograd.grad(model(x).sum(), params)
+        assert [g.shape for g in grads] == [p.shape for p in params]  # the engine got every gradient back
+        assert all(p.grad is None for p in params)  # autograd.grad never touches .grad
+    assert emu.replay.replayed == 1
+    model(x).sum().backward(inputs=[params[0]])  # replayed: only the first conv weight accumulates
+    assert emu.replay.replayed == 2
+    assert params[0].grad is not None and params[0].grad.shape == params[0].shape
+    assert all(p.grad is None for p in params[1:])

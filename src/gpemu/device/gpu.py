@@ -112,8 +112,10 @@ class EmulatedGPU:
         return end - start
 
     def _record(self, work: Work) -> None:
-        self.stats.work_s[work.category] += work.duration_s
-        self.stats.work_count[work.category] += 1
+        stats = self.stats
+        category = work.category
+        stats.work_s[category] += work.end_s - work.start_s  # work.duration_s without the property call
+        stats.work_count[category] += 1
         if self.trace is not None:
             self.trace.work(work)
         for listener in self._listeners:

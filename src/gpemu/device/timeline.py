@@ -78,14 +78,18 @@ class Stream:
         `launches` is how many kernel launches the item stands for (a replayed phase stands for all of its kernels):
         they occupy that many launch-queue slots, finishing evenly over the item. See Note [Launch queue].
         """
-        clock = self.device.clock
+        device = self.device
         launches = max(1, launches)
-        depth = self.device.launch_queue_depth
-        self._wait_for_queue_slots(min(launches, depth))
-        with self.device.lock:
-            now = clock.now()
-            eng = self.device.engines[engine]
-            launch_latency_s = self.device.spec.launch_overhead_us * 1e-6 if engine == "compute" else 0.0
+        depth = device.launch_queue_depth
+        slots = min(launches, depth)
+        # Finished entries only matter once the queue could overflow: skip the check (a clock read) below that.
+        # See Note [Host overhead] in gpemu/torch_backend/tensor.py.
+        if len(self._pending) + slots > depth:
+            self._wait_for_queue_slots(slots)
+        with device.lock:
+            now = device.clock.now()
+            eng = device.engines[engine]
+            launch_latency_s = device.spec.launch_overhead_us * 1e-6 if engine == "compute" else 0.0
             start = max(now + launch_latency_s, self.t_done, eng.t_free)
             span_s = max(0.0, duration_s)
             end = start + span_s
@@ -96,12 +100,12 @@ class Stream:
                 self._pending.append(end)
             else:
                 self._pending.extend(start + span_s * (i + 1) / launches for i in range(launches))
-            work = Work(name, engine, self.stream_id, self.device.index, now, start, end, category, args or {})
-            self.device._record(work)
+            work = Work(name, engine, self.stream_id, device.index, now, start, end, category, args or {})
+            device._record(work)
         if launches > depth:
             # The host issued the first `depth` launches, then blocked on each later one until a slot freed: it got
             # back control when the last launch was queued, i.e. once `launches - depth` of them had finished.
-            self.device.host_wait(start + span_s * (launches - depth) / launches, reason="launch queue full")
+            device.host_wait(start + span_s * (launches - depth) / launches, reason="launch queue full")
         return work
 
     def _wait_for_queue_slots(self, slots: int = 1) -> None:

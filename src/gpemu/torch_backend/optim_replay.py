@@ -129,8 +129,8 @@ def _replay(optimizer: Any, entry: _Entry) -> None:
     _charge_chunks(emu, entry.index, entry.ready)
     if tmp is not None:
         alloc.free(tmp)
-    steps = [s["step"] for s in optimizer.state.values()
-             if isinstance(s.get("step"), torch.Tensor) and s["step"].device.type == "cpu"]
+    # .is_cpu, not .device.type == "cpu" (a device object per parameter); an emulated step counter is not on cpu
+    steps = [s["step"] for s in optimizer.state.values() if isinstance(s.get("step"), torch.Tensor) and s["step"].is_cpu]
     if steps:
         torch._foreach_add_(steps, 1)  # what the optimizer's own step would have done on the host
     replayed_steps += 1

@@ -39,6 +39,7 @@ from gpemu.torch_backend import tensor as emu_tensor
 from gpemu.torch_backend.tensor import META, EmuTensor, fresh, fresh_on
 
 _ACCUMULATE_GRAD = "torch::autograd::AccumulateGrad"
+_will_execute = torch._C._will_engine_execute_node  # See Note [Direct gradients]
 _QUEUE_WAIT = "launch queue full"
 # wrappers whose forward talks to a communication library (DDP's reducer must see every forward): always per op
 _NEVER_REPLAY = frozenset({"DistributedDataParallel", "FullyShardedDataParallel"})
@@ -216,14 +217,19 @@ class _ReplayFn(torch.autograd.Function):
         if direct is not None and not torch.is_grad_enabled():
             # See Note [Direct gradients]
             first = len(out) - len(direct)
-            for p, g in zip(direct, out[first:], strict=True):
-                if g is None:
-                    continue
-                if p.grad is None:
-                    p.grad = g
-                else:
-                    p.grad.add_(g)
-            out[first:] = [None] * len(direct)
+            edges = ctx.next_functions  # (node, input nr) per tensor argument of forward, as `out`
+            try:
+                for i, p in enumerate(direct, first):
+                    g = out[i]
+                    if g is None or not _will_execute(edges[i][0]):  # backward(inputs=...) leaves p out
+                        continue
+                    if p.grad is None:
+                        p.grad = g
+                    else:
+                        p.grad.add_(g)
+                    out[i] = None
+            except RuntimeError:  # torch.autograd.grad(): no AccumulateGrad runs; the engine takes the gradients
+                pass
         return (None, None, *out)
 
 
@@ -415,7 +421,10 @@ class Replayer:
 # parameter, ~40% of a replayed backward). When nothing can observe that node - no hooks on the parameter, no
 # torch.distributed process group (DDP hooks the accumulators), no double backward - the replayed backward does
 # what AccumulateGrad would: sets `.grad` to the new gradient, or adds into an existing one (that add is a real op,
-# charged as on the per-op path, whose recording excluded AccumulateGrad's ops).
+# charged as on the per-op path, whose recording excluded AccumulateGrad's ops). Only where the engine would run
+# that AccumulateGrad node (torch._C._will_engine_execute_node): `backward(inputs=...)` leaves other parameters'
+# `.grad` alone, and `torch.autograd.grad(loss, params)` (where that check raises) must get the gradients back from
+# the engine and leave every `.grad` alone.
 
 
 def _direct(params: list[torch.nn.Parameter]) -> tuple[torch.nn.Parameter, ...] | None:

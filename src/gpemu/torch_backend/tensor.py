@@ -205,6 +205,9 @@ class _StorageRef(weakref.ref):  # type: ignore[type-arg]
 
     __slots__ = ("key",)
     key: int
+    # _refs hashes each reference once: weakref.ref's own hash is its referent's, i.e. a call of the Python-level
+    # Tensor.__hash__ (~0.1 us more per wrapper). Identity is what _refs needs. See Note [Host overhead].
+    __hash__ = object.__hash__
 
 
 _refs: set[_StorageRef] = set()  # keeps the references (and so their callbacks) alive
@@ -251,7 +254,7 @@ def to_meta(t: torch.Tensor) -> torch.Tensor:
     """Return the meta view of `t`: the inner tensor of an EmuTensor, or a meta tensor like a CPU tensor."""
     if isinstance(t, EmuTensor):
         return t._elem
-    if t.device.type == "meta":
+    if t.is_meta:  # not t.device.type == "meta": that builds a device object
         return t
     return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=META)
 
@@ -366,9 +369,13 @@ def op_cost_s(func: Any, uargs: Any, ukwargs: Any, out: Any, index: int) -> floa
 def charge(index: int, func: Any, predicted_s: float, category: str = "kernel") -> None:
     """Enqueue one kernel of `predicted_s` (scaled by the phase calibration) on the current stream of `index`."""
     emu = state.require()
+    _charge_on(emu, emu.current_stream(index), index, func if isinstance(func, str) else func.__name__, predicted_s,
+               category)
+
+
+def _charge_on(emu: Any, stream: Any, index: int, name: str, predicted_s: float, category: str = "kernel") -> None:
+    """Return charge() with the emulation and the current stream of `index` looked up by the caller (cache hits)."""
     duration_s, args = emu.phases.charge(predicted_s)
-    stream = emu.current_stream(index)
-    name = func if isinstance(func, str) else func.__name__
     stream.enqueue(duration_s, name, "compute", category, args)
     if record_sink is not None:
         record_sink(index, name, predicted_s, category, stream.stream_id)
@@ -392,7 +399,7 @@ def _wrap_one(t: torch.Tensor, index: int, wrappers: dict[int, EmuTensor], func:
                 f"{tuple(t.shape)}); gpemu cannot resize wrapper tensors. Workaround: use the out-of-place form."
             )
         return w
-    if t.device.type != "meta":
+    if not t.is_meta:  # an emulated tensor (its is_meta is False) or a host tensor
         return t
     return wrap(t, index, tag=_tag(func))
 
@@ -421,7 +428,12 @@ def _tag(func: Any) -> str:
 # re-keys the wrapper. `_key_of` checks exact types first (EmuTensor, scalars, lists of ints). Fresh outputs of a
 # cached op and replayed outputs/gradients are built by fresh(), which passes the known sizes and strides straight
 # to the wrapper instead of reading them back from the meta tensor. `aten.detach` - which autograd calls on every
-# tensor it saves for backward, ~40 % of the ops of a CNN training step - is built from the input's key by _detached.
+# tensor it saves for backward, ~40 % of the ops of a CNN training step - is built from the input's key (run_op's
+# first branch, _alias).
+# Smaller items, each measured A/B on tiny tensors: a cache hit looks the current stream up once for its kernel and
+# its outputs (~0.7 us per lookup); Stream.enqueue reads the clock for the launch-queue check only when the queue
+# could overflow; tests for meta use `.is_meta`, never `.device.type` (which builds a torch.device, ~1 us); weak
+# references hash by identity (weakref.ref's hash calls the Python-level Tensor.__hash__).
 
 _FRESH, _ARG0, _NONE, _GENERIC = 0, 1, 2, 3
 _OP_CACHE_MAX = 200_000
@@ -543,10 +555,6 @@ def _tensors(tree: Any) -> list[torch.Tensor]:
     return []
 
 
-def _fresh(meta: Any, index: int, tag: str) -> EmuTensor:
-    return fresh(meta[0], meta[1], meta[2], index, tag)
-
-
 def fresh(shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype, index: int, tag: str) -> EmuTensor:
     """Return a new EmuTensor with its own fresh storage (wrap() without reading metadata back from meta)."""
     emu = state.require()
@@ -610,15 +618,14 @@ def run_op(func: Any, args: Any, kwargs: Any) -> Any:
             out = _alias(_DETACH(x._elem), x._index, x._mk)
             if out is not None:
                 return out
-    if func.is_view and isinstance(args[0], EmuTensor) and not kwargs and all(
-        not isinstance(a, torch.Tensor) for a in args[1:]
-    ):  # a view of one emulated tensor: torch's C++ meta kernel gives the aliasing meta view; no kernel, no memory
+    if func.is_view and isinstance(args[0], EmuTensor) and not kwargs and _no_tensors(args, 1):
+        # a view of one emulated tensor: torch's C++ meta kernel gives the aliasing meta view; no kernel, no memory
         x = args[0]
         if _inference_enabled() and not x.is_inference():  # See Note [Views in inference mode]
             with torch.inference_mode(False):
                 return wrap_outputs(func(x._elem, *args[1:]), x._index, {}, func)
         elem = func(x._elem, *args[1:])
-        if type(elem) is torch.Tensor and elem.device.type == "meta":
+        if type(elem) is torch.Tensor and elem.is_meta:  # not .device.type: that builds a device object (~1 us)
             out = _alias(elem, x._index, None)
             if out is not None:
                 return out
@@ -635,13 +642,16 @@ def run_op(func: Any, args: Any, kwargs: Any) -> Any:
         kind, meta, cost, name, tag = hit
         index = _first_index(args)
         if index is not None and kind != _GENERIC:
+            # the current stream is looked up once for the kernel and the outputs' allocations (~0.7 us each)
+            stream = emu.current_stream(index)
             if cost >= 0.0:
-                charge(index, name, cost)
+                _charge_on(emu, stream, index, name, cost)
             if kind == _FRESH:
+                malloc, stream_id = emu.devices[index].allocator.malloc, stream.stream_id
                 if isinstance(meta[0], tuple):
-                    return _fresh(meta, index, tag)
-                return meta[0](None if m is None else m.value if type(m) is _Const else _fresh(m, index, tag)
-                               for m in meta[1])
+                    return fresh_on(meta[0], meta[1], meta[2], index, tag, malloc, stream_id)
+                return meta[0](None if m is None else m.value if type(m) is _Const else fresh_on(
+                    m[0], m[1], m[2], index, tag, malloc, stream_id) for m in meta[1])
             return args[0] if kind == _ARG0 else None
     uargs, ukwargs, index, wrappers = unwrap_all(args, kwargs)
     if emu.autocast_seen:
@@ -676,6 +686,14 @@ def run_op(func: Any, args: Any, kwargs: Any) -> Any:
 
 
 _inference_enabled = torch.is_inference_mode_enabled
+
+
+def _no_tensors(args: Any, start: int) -> bool:
+    """Return True when no argument from `start` on is a tensor (a loop: all() over a generator costs ~0.5 us)."""
+    for a in args[start:]:  # noqa: SIM110 (a loop, not all(generator): see the docstring)
+        if isinstance(a, torch.Tensor):
+            return False
+    return True
 
 _composite: dict[Any, bool] = {}
 
