@@ -17,8 +17,9 @@ from gpemu.device.gpu import EmulatedGPU
 # of the next one. Its data wait is the host time blocked inside the fetch. A fetch that raises StopIteration closes
 # the open iteration without opening one (time between epochs -- validation, iterator start-up -- belongs to no
 # iteration). The iteration still open when the run ends closes at the later of the host's last GPU interaction and
-# the GPU finishing that work, and is flagged partial -- unless it launched no GPU work (the loop fetched a batch and
-# broke out): then it is dropped and the iteration before it ends when the GPU finishes (the summary leaves partial iterations out when it has others).
+# the GPU finishing that work, and is flagged partial (the summary leaves partial iterations out when it has others)
+# -- unless it launched no GPU work (the loop fetched a batch and broke out): then it is dropped and the iteration
+# before it ends when the GPU finishes.
 # GPU figures of an iteration are engine busy time *inside its wall-clock window* (work launched earlier but
 # running in it counts), so busy + idle = wall exactly. The host runs ahead of the GPU (launches are asynchronous), so
 # a window's busy time is not the GPU time of the iteration's own work; that is counted separately, by launch time
@@ -215,10 +216,8 @@ class RunCollector:
                 return
             gpu_done = max((d.t_done for d in self.devices), default=0.0)
             prev = self.iterations[-2] if len(self.iterations) >= 2 else None
-            def launched(w: IterationWindow) -> float:
-                return sum(v for (_, engine), v in w.launched_s.items() if engine == "compute")
-
-            if prev is not None and prev.end_s == win.start_s and launched(win) == 0.0 and launched(prev) > 0.0:
+            if (prev is not None and prev.end_s == win.start_s and _compute_launched_s(win) == 0.0
+                    and _compute_launched_s(prev) > 0.0):
                 # the loop fetched a batch and stopped (`if i >= iters: break`): no iteration; the one before it
                 # ends when the GPU finishes its work, as at the end of an epoch
                 self.iterations.pop()
@@ -229,6 +228,11 @@ class RunCollector:
             if end_s <= win.start_s:
                 end_s = self.now()
             self._close(end_s, partial=True)
+
+
+def _compute_launched_s(win: IterationWindow) -> float:
+    """Return the compute-engine seconds launched in an iteration, over all devices."""
+    return sum(v for (_, engine), v in win.launched_s.items() if engine == "compute")
 
 
 class _DeviceLog:
@@ -245,13 +249,14 @@ class _DeviceLog:
         if log is None:
             log = col.logs[(self.index, work.engine)] = EngineLog()
         log.add(work.start_s, work.end_s)
+        duration_s = work.end_s - work.start_s
         if work.engine == "compute":
             timing = str(work.args.get("timing", "predicted"))
-            col.compute_s_by_timing[timing] = col.compute_s_by_timing.get(timing, 0.0) + (work.end_s - work.start_s)
+            col.compute_s_by_timing[timing] = col.compute_s_by_timing.get(timing, 0.0) + duration_s
         win = col._open  # read once, without the lock: see Note [Iterations]
         if win is not None:
             key = (self.index, work.engine)
-            win.launched_s[key] = win.launched_s.get(key, 0.0) + (work.end_s - work.start_s)
+            win.launched_s[key] = win.launched_s.get(key, 0.0) + duration_s
         col._last_activity_s = max(col._last_activity_s, work.launch_s)
 
     def on_host_wait(self, start_s: float, end_s: float, reason: str) -> None:
