@@ -6,8 +6,10 @@ the batch with `comm.scatter`, runs the replicas in threads (`parallel_apply`) a
 and gather call the CUDA driver, and `nccl.is_available` would send reductions to NCCL. Under emulation the
 broadcast is one peer copy per tensor (torch coalesces into 10 MiB buckets: same bytes, more launches), gather is
 peer copies plus `cat`, reductions take torch's own Python fallback (peer copies plus `add`), and `nccl` reports
-itself unavailable. Peer copies are priced over NVLink when the spec has it, else PCIe (ops.peer_copy). Scatter is
-patched in patches.py (it also serves the one-GPU case, where only scatter runs).
+itself unavailable. Scatter copies each chunk with Tensor.to on Scatter's background copy stream, which is an
+emulated stream (torch.Stream would call the CUDA driver): a CPU batch becomes emulated H2D copies (one GPU too:
+pytorch/examples imagenet's validate() feeds DataParallel host tensors). Peer copies are priced over NVLink when the
+spec has it, else PCIe (ops.peer_copy).
 """
 
 from __future__ import annotations
@@ -43,6 +45,24 @@ def broadcast_coalesced(tensors: Any, devices: Any, buffer_size: int = 10485760)
     return [tuple(t if t.device == dev else t.to(dev) for t in tensors) for dev in targets]
 
 
+def scatter_with(orig: Any) -> Any:
+    """Return comm.scatter in Python: chunks copied with Tensor.to, each on its copy stream (`orig` serves `out=`)."""
+
+    def scatter(tensor: torch.Tensor, devices: Any = None, chunk_sizes: Any = None, dim: int = 0, streams: Any = None,
+                *, out: Any = None) -> Any:
+        if out is not None or devices is None:
+            return orig(tensor, devices, chunk_sizes, dim, streams, out=out)
+        index = [cuda_api.device_index(d) for d in devices]
+        chunks = tensor.chunk(len(index), dim) if chunk_sizes is None else tensor.split(list(chunk_sizes), dim)
+        outs = []
+        for n, (c, i) in enumerate(zip(chunks, index, strict=True)):
+            with cuda_api.StreamContext(streams[n] if streams else None):  # Scatter's background copy stream
+                outs.append(c.to(torch.device("cuda", i), non_blocking=True))
+        return tuple(outs)
+
+    return scatter
+
+
 def gather(tensors: Any, dim: int = 0, destination: Any = None, *, out: Any = None) -> torch.Tensor:
     """comm.gather: copy every part to the destination and concatenate along `dim`."""
     if out is not None:
@@ -54,8 +74,22 @@ def gather(tensors: Any, dim: int = 0, destination: Any = None, *, out: Any = No
 def apply(patcher: Any) -> None:
     """Install the DataParallel communication helpers (see Note [DataParallel on emulated GPUs])."""
     import torch.cuda.nccl as nccl
+    import torch.nn.parallel._functions as parallel_functions
     import torch.nn.parallel.comm as comm
 
+    copy_streams: dict[int, cuda_api.Stream] = {}
+
+    def get_stream(device: torch.device) -> cuda_api.Stream | None:
+        """Scatter's background copy stream for `device`: one emulated stream per device for this installation."""
+        if device.type != "cuda":
+            return None
+        i = cuda_api.device_index(device)
+        if i not in copy_streams:
+            copy_streams[i] = cuda_api.Stream(i)
+        return copy_streams[i]
+
+    patcher.set(parallel_functions, "_get_stream", get_stream)
+    patcher.set(comm, "scatter", scatter_with(comm.scatter))
     patcher.set(comm, "broadcast", broadcast)
     patcher.set(comm, "broadcast_coalesced", broadcast_coalesced)
     patcher.set(comm, "gather", gather)

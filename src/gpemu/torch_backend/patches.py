@@ -164,25 +164,6 @@ def _patched_new_tensor(orig: Callable[..., Any]) -> Callable[..., Any]:
     return new_tensor
 
 
-def _patched_scatter(orig: Callable[..., Any]) -> Callable[..., Any]:
-    """torch.nn.parallel.comm.scatter in Python: chunks copied with Tensor.to, so a CPU batch (DataParallel fed host
-    tensors, as pytorch/examples imagenet's validate() does) becomes emulated H2D copies instead of a C++ CUDA call."""
-
-    def scatter(tensor: torch.Tensor, devices: Any = None, chunk_sizes: Any = None, dim: int = 0, streams: Any = None,
-                *, out: Any = None) -> Any:
-        if out is not None or devices is None:
-            return orig(tensor, devices, chunk_sizes, dim, streams, out=out)
-        index = [cuda_api.device_index(d) for d in devices]
-        chunks = tensor.chunk(len(index), dim) if chunk_sizes is None else tensor.split(list(chunk_sizes), dim)
-        outs = []
-        for n, (c, i) in enumerate(zip(chunks, index, strict=True)):
-            with cuda_api.StreamContext(streams[n] if streams else None):  # Scatter's background copy stream
-                outs.append(c.to(torch.device("cuda", i), non_blocking=True))
-        return tuple(outs)
-
-    return scatter
-
-
 _DISTRIBUTED_HINT = (
     "multi-process training on emulated GPUs (NCCL process groups, DistributedDataParallel) is not emulated yet: "
     "gpemu's multi-GPU support is the next milestone. Workaround: run the script as one process without torchrun "
@@ -395,22 +376,6 @@ def apply(emu: state.Emulation, patcher: Patcher) -> None:
                        ("is_pinned", _patched_is_pinned), ("tolist", _patched_tolist), ("numpy", _patched_numpy),
                        ("record_stream", _patched_record_stream), ("new_tensor", _patched_new_tensor)):
         patcher.set(T, name, make(getattr(T, name)))
-    # DataParallel's Scatter: its background copy streams are emulated streams (torch.Stream would call the CUDA
-    # driver), and comm.scatter copies each chunk on its stream in Python
-    import torch.nn.parallel._functions as parallel_functions
-    import torch.nn.parallel.comm as parallel_comm
-
-    copy_streams: dict[int, cuda_api.Stream] = {}
-
-    def get_stream(device: torch.device) -> cuda_api.Stream | None:
-        if device.type != "cuda":
-            return None
-        i = cuda_api.device_index(device)
-        if i not in copy_streams:
-            copy_streams[i] = cuda_api.Stream(i)
-        return copy_streams[i]
-
-    patcher.set(parallel_functions, "_get_stream", get_stream)
     import torch.distributed as dist
 
     if dist.is_available():
@@ -420,7 +385,6 @@ def apply(emu: state.Emulation, patcher: Patcher) -> None:
         patcher.set(c10d, "init_process_group", dist.init_process_group)
     ddp = torch.nn.parallel.DistributedDataParallel
     patcher.set(ddp, "__init__", _patched_ddp_init(ddp.__init__))
-    patcher.set(parallel_comm, "scatter", _patched_scatter(parallel_comm.scatter))
     constructors = default_device.original_constructors()  # before the factories are patched: the originals
     route: dict[Any, Callable[..., Any]] = {}
     for name in _FILL_FACTORIES + _EMPTY_FACTORIES + _HOST_FACTORIES:
