@@ -51,3 +51,25 @@ def test_an_unprofiled_gpu_takes_the_phase_prediction(size: int, tmp_path: Path,
         assert described["phase_predicted"] == {} and described["calibrated"] == {}
         assert steps[2] == pytest.approx(steps[1], rel=1e-6)
         assert steps[2] < forward + backward
+
+
+class _Task(torch.nn.Module):
+    """A LightningModule-style wrapper: owns no parameters, calls the network it holds."""
+
+    def __init__(self, net: torch.nn.Module, head: torch.nn.Module | None = None) -> None:
+        super().__init__()
+        self.model = net
+        self.head = head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.model(x)
+        return y if self.head is None else self.head(y)
+
+
+def test_a_parameter_free_wrapper_is_identified_as_the_network_it_holds() -> None:
+    # Note [Wrapped models]: the wrapper's step is resnet18's step, so resnet18's profile applies
+    assert gt.identify_model(_Task(torchvision.models.resnet18())) == "resnet18"
+    assert gt.identify_model(_Task(_Task(torchvision.models.resnet50()))) == "resnet50"
+    # a wrapper with parameters of its own (a second head) is a different network: no profile
+    assert gt.identify_model(_Task(torchvision.models.resnet18(), torch.nn.Linear(1000, 10))) is None
+    assert gt.identify_model(torch.nn.Sequential(torch.nn.Linear(4, 4))) is None

@@ -156,11 +156,25 @@ def _torchvision_param_counts(prefixes: tuple[str, ...]) -> dict[str, int]:
 
 
 def identify_model(module: torch.nn.Module) -> str | None:
-    """Return the torchvision model name of `module` (by class name and parameter count), or None."""
-    inner = getattr(module, "module", module) if type(module).__name__ in ("DataParallel", "DistributedDataParallel") else module
-    cls = type(inner).__name__.lower()
+    """Return the torchvision model name of `module` or of the wrapper-free child holding all its parameters."""
+    # Note [Wrapped models]: scripts often call a wrapper as "the model" -- DataParallel, a LightningModule holding
+    # `self.model = resnet50()`, torch.compile's OptimizedModule, an EMA or task wrapper. When the wrapper owns no
+    # parameters of its own (one child holds every parameter), its step is the child's step, so the child's profile
+    # applies; descend until a module is identified or the parameters split over several children.
+    total = sum(p.numel() for p in module.parameters())
+    inner: torch.nn.Module | None = module
+    while inner is not None:
+        name = _identify_exact(inner, total)
+        if name is not None:
+            return name
+        holders = [c for c in inner.children() if next(c.parameters(), None) is not None]
+        inner = holders[0] if len(holders) == 1 and sum(p.numel() for p in holders[0].parameters()) == total else None
+    return None
+
+
+def _identify_exact(module: torch.nn.Module, nparams: int) -> str | None:
+    cls = type(module).__name__.lower()
     prefixes = _TV_PREFIX.get(cls, (cls[:4],))
-    nparams = sum(p.numel() for p in inner.parameters())
     for name, count in _torchvision_param_counts(prefixes).items():
         if count == nparams:
             return name
