@@ -211,3 +211,22 @@ def test_a_fetch_the_loop_never_used_is_not_an_iteration() -> None:
     (row,) = iteration_rows(col)
     assert not row["partial"]
     assert row["wall_s"] == pytest.approx(0.100005)  # the iteration lasts until its GPU work is done
+
+
+def test_the_emulators_recording_steps_are_skipped_as_warm_up() -> None:
+    # Note [Emulator warm-up]: ops per row 1100 (warm-up), 1096 and 775 (per-op recording), then 25 per replayed step
+    def row(wall_s: float, ops: int) -> dict[str, object]:
+        return {**_row(wall_s, 0.040, 0.0), "emulator_ops": ops}
+
+    rows = [row(0.090, 1100), row(0.374, 1096), row(0.066, 775)] + [row(0.045, 25)] * 4
+    summary = summarize(rows, warmup=1)
+    # 1096 and 775 > 2 x median(25) -> both skipped; the mean is the replayed steps' 45 ms, not (374+66+4*45)/6
+    assert summary["iterations_used"] == 4
+    assert summary["wall_s"]["mean"] == pytest.approx(0.045)
+    assert "2 of them the emulator's own" in summary["note"]
+    # a script whose op count never drops (no replay) skips only the fixed warm-up
+    flat = summarize([row(0.050, 700)] * 6, warmup=1)
+    assert flat["iterations_used"] == 5 and "emulator" not in flat["note"]
+    # too few rows after it: nothing extra is skipped (3 steady rows must remain)
+    short = summarize([row(0.1, 10), row(0.374, 1096), row(0.045, 25), row(0.045, 25)], warmup=1)
+    assert short["iterations_used"] == 3

@@ -83,11 +83,40 @@ def iteration_rows(collector: RunCollector) -> list[dict[str, Any]]:
     return rows
 
 
+# Note [Emulator warm-up]: the first training steps run every op through the per-op path while the replay path
+# records them (replay.py, Note [Replay path]); from then on a step costs a fraction of the emulator's host time. Those
+# recording steps are slow because of the emulator, not because of the script or the emulated GPU, so they are
+# skipped like the script's own warm-up: after the fixed `warmup`, leading rows whose emulated-op count is more than
+# REPLAY_WARMUP_OPS_RATIO times the median of the rows after them, at most MAX_EMULATOR_WARMUP of them and only while
+# MIN_STEADY_ROWS remain. A script that never replays keeps a steady op count and skips nothing extra. Every row
+# stays in the JSON report.
+REPLAY_WARMUP_OPS_RATIO = 2.0
+MAX_EMULATOR_WARMUP = 3
+MIN_STEADY_ROWS = 3
+
+
+def _emulator_warmup(rows: list[dict[str, Any]], warmup: int) -> int:
+    """Return how many rows after `warmup` are the emulator's recording steps (see Note [Emulator warm-up])."""
+    if any(not isinstance(r.get("emulator_ops"), int) for r in rows[warmup:]):  # rows from an older report
+        return 0
+    ops: list[int] = [r["emulator_ops"] for r in rows[warmup:]]
+    extra = 0
+    while extra < MAX_EMULATOR_WARMUP and len(ops) - extra - 1 >= MIN_STEADY_ROWS:
+        rest = statistics.median(ops[extra + 1:])
+        if ops[extra] <= REPLAY_WARMUP_OPS_RATIO * rest:
+            break
+        extra += 1
+    return extra
+
+
 def summarize(rows: list[dict[str, Any]], warmup: int = 1) -> dict[str, Any]:
     """Return means/medians over steady-state rows: the first `warmup` and partial iterations are left out."""
-    steady = [r for r in rows[warmup:] if not r["partial"]]
-    note = f"first {warmup} iteration(s) skipped as warm-up"
-    if any(r["partial"] for r in rows[warmup:]):
+    extra = _emulator_warmup(rows, warmup)
+    steady = [r for r in rows[warmup + extra:] if not r["partial"]]
+    note = f"first {warmup + extra} iteration(s) skipped as warm-up"
+    if extra:
+        note += f" ({extra} of them the emulator's own: per-op recording before replay)"
+    if any(r["partial"] for r in rows[warmup + extra:]):
         note += "; partial last iteration excluded"
     evaluation = [r for r in steady if not r.get("train", True)]
     split = bool(evaluation) and len(evaluation) < len(steady)  # training and evaluation loops: summarise training
