@@ -175,3 +175,24 @@ def test_nanogpt_under_gpemu_run(tmp_path: Path) -> None:
     rows = json.loads((tmp_path / "r.json").read_text())["iterations"]
     # no DataLoader: each optimizer.step() ends an iteration (iters 0..4 = 5 steps; warm-up/partial ones excluded)
     assert len(rows) >= 3 and all(row["gpu_busy_s"] > 0 for row in rows)
+
+
+def test_cuda_stream_prefetcher(emu: gt.Emulation, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys) -> None:
+    device = emu.devices[0]
+    works: list = []
+    remove = device.add_listener(type("L", (), {"on_work": lambda self, w: works.append(w),
+                                                "on_host_wait": lambda self, *a: None})())
+    try:
+        _run("cuda_prefetcher.py", ["--batches", "4"], monkeypatch, tmp_path)
+    finally:
+        remove()
+    out = capsys.readouterr().out
+    assert "done 4 steps" in out
+    default_id = emu.current_stream(0).stream_id
+    # the image batches: 8 x 3 x 64 x 64 uint8 = 98,304 bytes each (the parameters are copied too, earlier)
+    copies = [w for w in works if w.category == "h2d" and w.args.get("bytes") == 8 * 3 * 64 * 64]
+    # 4 batches, each copied from pinned memory on the prefetcher's side stream, never on the default stream
+    assert len(copies) == 4 and all(w.stream_id != default_id and w.args["pinned"] for w in copies)
+    # the normalisation (uint8 -> float, sub_, div_: 3 kernels per batch) runs on the side stream too
+    side_kernels = [w for w in works if w.category == "kernel" and w.stream_id != default_id]
+    assert len(side_kernels) == 4 * 3
