@@ -28,18 +28,6 @@ def test_data_parallel_keeps_cuda_inputs_in_place(emu: gt.Emulation) -> None:
     assert model.module.weight.grad is not None and model.module.weight.grad.is_cuda
 
 
-def test_nccl_and_ddp_fail_with_the_workaround(emu: gt.Emulation) -> None:
-    import pytest
-    import torch.distributed as dist
-
-    from gpemu.errors import GpemuError
-
-    with pytest.raises(GpemuError, match="without torchrun"):
-        dist.init_process_group(backend="nccl", init_method="tcp://127.0.0.1:1", world_size=1, rank=0)
-    with pytest.raises(GpemuError, match=r"DistributedDataParallel\(Linear\).*DataParallel"):
-        torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2).cuda())
-
-
 def test_data_parallel_splits_the_batch_over_two_emulated_gpus() -> None:
     emu = gt.install("v100", count=2)
     try:

@@ -200,9 +200,10 @@ class RunReport:
         if self.memory is not None:
             report["memory"] = self.memory.to_dict()
             self.memory.close()
-        if self.json_path is not None:
-            write_json({**report, "complete": True}, self.json_path)
         idle_process = not self.collector.iterations and not self.collector.logs  # e.g. torchrun's launcher
+        # an idle process (a launcher exiting after its worker) must not overwrite the worker's report
+        if self.json_path is not None and not (idle_process and Path(self.json_path).exists()):
+            write_json({**report, "complete": True}, self.json_path)
         if (self.print_summary if print_summary is None else print_summary) and not idle_process:
             render(report)
             if self.memory is not None:

@@ -222,6 +222,10 @@ def _to_copy(func: Any, args: Any, kwargs: Any) -> Any:
     return run_op(func, args, kwargs)
 
 
+# Note [Plain meta tensors in copies]: C++ code that allocates with an emulated tensor's options gets plain meta
+# tensors (DDP's Reducer buckets: Note [DDP on one rank] in gpemu/distributed/ddp.py). Such a tensor stands for
+# memory on the emulated tensor's device, so a copy between the two is a device-to-device copy priced like any
+# copy_, not a host transfer (which would also make the host wait on every bucket).
 @_special(aten.copy_.default)
 def _copy_(func: Any, args: Any, kwargs: Any) -> Any:
     dst, src = args[0], args[1]
@@ -230,6 +234,13 @@ def _copy_(func: Any, args: Any, kwargs: Any) -> Any:
         if src._index != dst._index:
             src = peer_copy(src, dst._index)
         return run_op(func, (dst, src), {})
+    if dst.device.type == "meta" or src.device.type == "meta":  # Note [Plain meta tensors in copies]
+        emu_side = dst if isinstance(dst, EmuTensor) else src
+        meta_dst = dst._elem if isinstance(dst, EmuTensor) else dst
+        meta_src = src._elem if isinstance(src, EmuTensor) else src
+        index = emu_side._index
+        charge(index, func, op_cost_s(func, (meta_dst, meta_src), {}, meta_dst, index))
+        return dst
     if isinstance(dst, EmuTensor):  # host -> device into an existing tensor
         if src.dim() == 0 and src.device.type == "cpu":
             return run_op(aten.fill_.Tensor, (dst, src), {})

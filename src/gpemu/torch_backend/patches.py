@@ -164,36 +164,41 @@ def _patched_new_tensor(orig: Callable[..., Any]) -> Callable[..., Any]:
     return new_tensor
 
 
-_DISTRIBUTED_HINT = (
-    "multi-process training on emulated GPUs (NCCL process groups, DistributedDataParallel) is not emulated yet: "
-    "gpemu's multi-GPU support is the next milestone. Workaround: run the script as one process without torchrun "
-    "(most scripts use a plain model when RANK/WORLD_SIZE are unset), or use torch.nn.DataParallel."
-)
-
-
 def _patched_init_process_group(orig: Callable[..., Any]) -> Callable[..., Any]:
-    """torch.distributed.init_process_group: an NCCL group (or the default backend for a cuda device) raises a
-    GpemuError that names the limit and the workaround; CPU backends (gloo) still work."""
+    """torch.distributed.init_process_group: an NCCL group (or the default backend, which would pick NCCL for cuda)
+    of one rank is created with gpemu's one-rank backend (Note [One-rank process groups]); a larger world raises a
+    GpemuError that names the limit. CPU backends (gloo) are left alone."""
 
     @functools.wraps(orig)
     def init_process_group(backend: Any = None, *args: Any, **kwargs: Any) -> Any:
+        from gpemu.distributed import BACKEND_NAME, register_backend, world_size_of
+        from gpemu.distributed.process_group import MULTI_RANK_HINT
+
         name = str(backend or "").lower()
         # no backend: with CUDA "available" torch picks NCCL for cuda (ProcessGroupNCCL: "no GPUs found")
         if "nccl" in name or (not name and not str(kwargs.get("device_id") or "").startswith("cpu")):
-            raise GpemuError(f"init_process_group(backend={backend!r}): {_DISTRIBUTED_HINT}")
+            size = world_size_of(args, kwargs)
+            if size is not None and size != 1:
+                raise GpemuError(f"init_process_group(backend={backend!r}): {MULTI_RANK_HINT.format(size=size)}")
+            register_backend()
+            kwargs.pop("device_id", None)  # binds NCCL communicators to a real device: nothing to bind here
+            return orig(BACKEND_NAME, *args, **kwargs)
         return orig(backend, *args, **kwargs)
 
     return init_process_group
 
 
 def _patched_ddp_init(orig: Callable[..., Any]) -> Callable[..., Any]:
-    """DistributedDataParallel over emulated parameters raises a GpemuError with the workaround (see above)."""
+    """DistributedDataParallel over emulated parameters in a one-rank gpemu group (Note [DDP on one rank])."""
 
     @functools.wraps(orig)
     def __init__(self: Any, module: Any, *args: Any, **kwargs: Any) -> None:
-        if any(isinstance(p, EmuTensor) for p in module.parameters()):
-            raise GpemuError(f"DistributedDataParallel({type(module).__name__}) on an emulated GPU: {_DISTRIBUTED_HINT}")
-        orig(self, module, *args, **kwargs)
+        if not any(isinstance(p, EmuTensor) for p in module.parameters()):
+            orig(self, module, *args, **kwargs)
+            return
+        from gpemu.distributed.ddp import init_emulated_ddp
+
+        init_emulated_ddp(orig, self, module, args, kwargs)
 
     return __init__
 
@@ -385,6 +390,14 @@ def apply(emu: state.Emulation, patcher: Patcher) -> None:
         patcher.set(c10d, "init_process_group", dist.init_process_group)
     ddp = torch.nn.parallel.DistributedDataParallel
     patcher.set(ddp, "__init__", _patched_ddp_init(ddp.__init__))
+    if dist.is_available():  # Note [DDP on one rank] in gpemu/distributed/ddp.py
+        import torch.nn.parallel.distributed as ddp_mod
+
+        from gpemu.distributed import ddp as emulated_ddp
+
+        patcher.set(dist.Reducer, "_rebuild_buckets", emulated_ddp.patched_rebuild_buckets(dist.Reducer._rebuild_buckets))
+        patcher.set(ddp_mod, "_verify_param_shape_across_processes",
+                    emulated_ddp.patched_verify_param_shapes(ddp_mod._verify_param_shape_across_processes))
     constructors = default_device.original_constructors()  # before the factories are patched: the originals
     route: dict[Any, Callable[..., Any]] = {}
     for name in _FILL_FACTORIES + _EMPTY_FACTORIES + _HOST_FACTORIES:
