@@ -467,13 +467,25 @@ def _params_if_hook_free(module: torch.nn.Module) -> list[torch.nn.Parameter]:
     return params
 
 
+def _replays_inside(top: torch.nn.Module, module: torch.nn.Module) -> bool:
+    """Return True when `module` is the network inside a one-rank emulated DDP (Note [DDP on one rank]): its
+    forward and backward replay like a top module's, while DDP's Reducer hooks (on AccumulateGrad, which replay
+    leaves per op) still copy gradients into the bucket and all-reduce it."""
+    if type(top).__name__ != "DistributedDataParallel" or getattr(top, "module", None) is not module:
+        return False
+    from gpemu.distributed.ddp import is_emulated_reducer
+
+    return is_emulated_reducer(getattr(top, "reducer", None))
+
+
 def patch_module_call(emu: Any, patcher: Any) -> None:
     """Route top-level module calls through the Replayer (see Note [Replay path])."""
     orig = torch.nn.Module.__call__
 
     def __call__(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         rp = emu.replay
-        if rp is None or emu.phases.top is not None:
+        top = emu.phases.top
+        if rp is None or (top is not None and not _replays_inside(top, self)):
             return orig(self, *args, **kwargs)
         return rp.call(orig, self, args, kwargs)
 

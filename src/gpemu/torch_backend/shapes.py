@@ -72,6 +72,22 @@ for _name in (
         FAST[getattr(getattr(aten, _packet), _overload)] = _elementwise
 
 
+@_fast(aten.mul.out, aten.div.out, aten.add.out)
+def _binary_out(args: Any, kwargs: Any) -> Any:
+    """`out=` variants with a same-shaped tensor and a 0-dim or same-shaped one (DDP's gradient-into-bucket scaling:
+    Note [DDP on one rank]); the Python reference meta for them costs ~1 ms a call."""
+    out = kwargs.get("out")
+    first = args[0] if args else None
+    if not isinstance(out, torch.Tensor) or not isinstance(first, torch.Tensor) or set(kwargs) - {"out", "alpha"}:
+        return NotImplemented
+    other = args[1] if len(args) > 1 else None
+    if out.shape != first.shape or out.dtype != first.dtype or not first.is_floating_point():
+        return NotImplemented
+    if isinstance(other, torch.Tensor) and other.dim() != 0 and other.shape != first.shape:
+        return NotImplemented
+    return out
+
+
 @_fast(aten._to_copy.default)
 def _to_copy(args: Any, kwargs: Any) -> Any:
     x = args[0]

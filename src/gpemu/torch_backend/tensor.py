@@ -289,6 +289,8 @@ def _signature(x: Any) -> Any:
         return (tuple(x.shape), x.dtype)
     if isinstance(x, (list, tuple)):
         return tuple(_signature(v) for v in x)
+    if isinstance(x, dict):  # kwargs: out= tensors are keyed by shape, never by repr (Tensor.__repr__ is slow)
+        return tuple((k, _signature(v)) for k, v in x.items())
     try:
         hash(x)
     except TypeError:
