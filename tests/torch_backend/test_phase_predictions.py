@@ -73,3 +73,16 @@ def test_a_parameter_free_wrapper_is_identified_as_the_network_it_holds() -> Non
     # a wrapper with parameters of its own (a second head) is a different network: no profile
     assert gt.identify_model(_Task(torchvision.models.resnet18(), torch.nn.Linear(1000, 10))) is None
     assert gt.identify_model(torch.nn.Sequential(torch.nn.Linear(4, 4))) is None
+
+
+def test_a_replaced_classifier_head_keeps_the_architecture() -> None:
+    # Note [Replaced heads]: fine-tuning swaps the last Linear; the backbone's parameters still identify the model
+    food101 = torchvision.models.resnet50()
+    food101.fc = torch.nn.Linear(2048, 101)
+    assert gt.identify_model(food101) == "resnet50"
+    assert gt.identify_model(torchvision.models.vit_b_16(num_classes=37)) == "vit_b_16"
+    assert gt.identify_model(torchvision.models.resnet18(num_classes=10)) == "resnet18"
+    # a deeper head (Linear -> ReLU -> Linear) adds parameters outside the last Linear: another network
+    mlp_head = torchvision.models.resnet50()
+    mlp_head.fc = torch.nn.Sequential(torch.nn.Linear(2048, 256), torch.nn.ReLU(), torch.nn.Linear(256, 3))
+    assert gt.identify_model(mlp_head) is None

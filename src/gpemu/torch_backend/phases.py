@@ -115,24 +115,35 @@ def _count_cache_path() -> Path | None:
         from gpemu.paths import cache_dir
     except ImportError:
         return None
-    return cache_dir() / f"torchvision-{torchvision.__version__}-param-counts.json"
+    return cache_dir() / f"torchvision-{torchvision.__version__}-param-counts-v2.json"
+
+
+def _head_params(model: torch.nn.Module) -> int:
+    """Return the parameter count of the classifier head: the last nn.Linear registered (torchvision's `fc`,
+    `classifier[-1]`, `heads.head`, ...), or 0."""
+    last = None
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear):
+            last = m
+    return sum(p.numel() for p in last.parameters()) if last is not None else 0
 
 
 @functools.cache
-def _torchvision_param_counts(prefixes: tuple[str, ...]) -> dict[str, int]:
-    """Return {torchvision model name: parameter count} for names with these prefixes (cached on disk)."""
+def _torchvision_param_counts(prefixes: tuple[str, ...]) -> dict[str, tuple[int, int]]:
+    """Return {torchvision model name: (parameter count, count without the head)} for names with these prefixes
+    (cached on disk)."""
     try:
         import torchvision
     except ImportError:
         return {}
     path = _count_cache_path()
-    cached: dict[str, int] = {}
+    cached: dict[str, list[int]] = {}
     if path is not None and path.exists():
         try:
             cached = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             cached = {}
-    counts: dict[str, int] = {}
+    counts: dict[str, tuple[int, int]] = {}
     dirty = False
     for name in torchvision.models.list_models(module=torchvision.models):
         if not name.startswith(prefixes):
@@ -143,9 +154,10 @@ def _torchvision_param_counts(prefixes: tuple[str, ...]) -> dict[str, int]:
                     model = torchvision.models.get_model(name)
             except Exception:  # a builder that needs weights or arguments: not a candidate
                 continue
-            cached[name] = sum(p.numel() for p in model.parameters())
+            total = sum(p.numel() for p in model.parameters())
+            cached[name] = [total, total - _head_params(model)]
             dirty = True
-        counts[name] = cached[name]
+        counts[name] = (int(cached[name][0]), int(cached[name][1]))
     if dirty and path is not None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -173,10 +185,19 @@ def identify_model(module: torch.nn.Module) -> str | None:
 
 
 def _identify_exact(module: torch.nn.Module, nparams: int) -> str | None:
+    # Note [Replaced heads]: fine-tuning scripts replace the classifier (`model.fc = nn.Linear(2048, 101)`). The
+    # backbone -- every parameter but the last nn.Linear's -- still identifies the architecture, and the head is a
+    # sliver of the step (resnet50's 2048x1000 fc is ~0.4 % of its training FLOPs), so the zoo model's profile
+    # stands for it: calibration scales the per-op costs, the smaller head included, to the profiled phase time.
     cls = type(module).__name__.lower()
     prefixes = _TV_PREFIX.get(cls, (cls[:4],))
-    for name, count in _torchvision_param_counts(prefixes).items():
+    counts = _torchvision_param_counts(prefixes)
+    for name, (count, _) in counts.items():
         if count == nparams:
+            return name
+    backbone = nparams - _head_params(module)
+    for name, (_, zoo_backbone) in counts.items():
+        if zoo_backbone == backbone:
             return name
     return None
 
