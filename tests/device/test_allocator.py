@@ -202,3 +202,50 @@ def test_accumulated_stats_after_reset() -> None:
     assert stats["requested_bytes.all.current"] == 3 * MIB + 1024
     a.free(h2)
     assert a.memory_stats()["allocated_bytes.large_pool.freed"] == 3 * MIB
+
+
+def _snapshot(a: CachingAllocator) -> tuple[object, ...]:
+    blocks = [(b.size_bytes, b.requested_bytes, b.stream_id, b.tag, b.segment_addr, b.small_pool) for b in a.snapshot()]
+    return a.memory_stats(), sorted(blocks)
+
+
+@pytest.mark.parametrize(
+    ("description", "sizes"),
+    [
+        ("small only, one segment", [1, 600, 4096, 0, 100_000]),
+        ("large ones, unsplit remainders", [3 * MIB, int(2.5 * MIB), 700_000, 12 * MIB]),
+        ("mixed, reusing cached blocks", [5 * MIB, 512, 9 * MIB, 2048, int(1.5 * MIB), 0, 1 << 20]),
+    ],
+)
+def test_malloc_many_and_free_many_match_one_call_per_block(description: str, sizes: list[int]) -> None:
+    def prepare(a: CachingAllocator) -> list[int]:
+        # leave cached, split blocks of both pools behind, and a peak above the current level
+        keep = [a.malloc(s) for s in (3000, 4 * MIB, 100)]
+        for h in [a.malloc(s) for s in (9 * MIB, 8000, 2 * MIB)]:
+            a.free(h)
+        return keep
+
+    one, many = CachingAllocator(BIG), CachingAllocator(BIG)
+    prepare(one), prepare(many)
+    changes: list[tuple[int, int]] = []
+    many.on_change = lambda allocated, reserved: changes.append((allocated, reserved))
+    handles_one = [one.malloc(s, 0, "g") for s in sizes]
+    handles_many = many.malloc_many(sizes, 0, "g")
+    assert [h == 0 for h in handles_many] == [s == 0 for s in sizes], description  # empty: no allocation
+    assert _snapshot(many) == _snapshot(one), description  # same blocks, counters and peaks
+    assert changes == [(many.memory_allocated(), many.memory_reserved())]  # one on_change for the batch
+    for h in handles_one:
+        one.free(h)
+    many.free_many(handles_many)
+    assert _snapshot(many) == _snapshot(one), description
+    assert many.max_memory_allocated() == one.max_memory_allocated() > many.memory_allocated()
+
+
+def test_malloc_many_out_of_memory_frees_what_it_took() -> None:
+    a = CachingAllocator(64 * MIB)
+    before = a.memory_stats()["allocated_bytes.all.current"]
+    with pytest.raises(EmulatedOutOfMemoryError):
+        a.malloc_many([20 * MIB, 20 * MIB, 40 * MIB])  # 20 + 20 fit in 64 MiB, the third 40 does not
+    assert a.memory_allocated() == before == 0
+    assert a.memory_stats()["allocation.all.current"] == 0
+    assert a.max_memory_allocated() == 40 * MIB  # the two that were made before the failure

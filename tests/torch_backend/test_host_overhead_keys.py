@@ -78,3 +78,36 @@ def test_a_wrapper_without_a_cached_key_is_not_cached(emu: gt.Emulation) -> None
     assert emu_tensor._op_key(torch.ops.aten.add.Tensor, (x, x), {}, emu) is None  # no key: the generic path
     assert emu_tensor._key_of([x, x]) is None  # the general path sees a tensor with no key
     assert (x + 1).shape == (4,)  # and the op still runs
+
+
+def test_block_sizes_packs_small_pool_tensors_up_to_1_mib() -> None:
+    mib = 2**20
+    # 100 B -> 512; 600_000 B -> 1172 * 512 = 600_064; 1000 B -> 1024; 2 MiB is large-pool: an allocation of its own
+    # packs: 512 + 600_064 = 600_576 (another 600_064 would pass 1 MiB), then 600_064 + 1024 = 601_088; 0 B: none
+    assert emu_tensor.block_sizes([100, 2 * mib, 600_000, 600_000, 0, 1000]) == [2 * mib, 600_576, 601_088]
+    assert emu_tensor.block_sizes([mib, mib]) == [mib, mib]  # 1 MiB is still small-pool; two do not share a pack
+    assert emu_tensor.block_sizes([0, 0]) == []
+
+
+def test_block_wrappers_share_allocations_until_the_last_dies(emu: gt.Emulation) -> None:
+    alloc = emu.devices[0].allocator
+    before, n_alloc = alloc.memory_allocated(), alloc.memory_stats()["allocation.all.current"]
+    metas = [((3, 1000), (1000, 1), torch.float16, 0), ((64,), (1,), torch.float32, 0)]
+    # 3 * 1000 * 2 = 6000 B -> 6144 and 64 * 4 = 256 B -> 512: both small-pool, one pack of 6656
+    sizes = emu_tensor.block_sizes([6000, 256])
+    assert sizes == [6656]
+    a, b = emu_tensor.fresh_block(metas, sizes, "test", alloc, 0)
+    assert alloc.memory_allocated() - before == 6656
+    assert alloc.memory_stats()["allocation.all.current"] == n_alloc + 1
+    assert a.shape == (3, 1000) and a.dtype == torch.float16 and a.device == torch.device("cuda", 0)
+    assert b.stride() == (1,) and b._mk == metas[1]
+    assert "_elem" not in a.__dict__  # no meta tensor until an op needs one
+    view = a[1]  # an op on the wrapper builds its meta tensor; the view shares that storage
+    assert "_elem" in a.__dict__ and view.shape == (1000,)
+    assert (b * 2).shape == (64,)  # an out-of-place op on the other one: a new allocation, freed with its result
+    assert alloc.memory_allocated() - before == 6656
+    del a, b
+    assert alloc.memory_allocated() - before == 6656  # the view keeps the pack alive
+    del view
+    assert alloc.memory_allocated() == before
+    assert alloc.memory_stats()["allocation.all.current"] == n_alloc

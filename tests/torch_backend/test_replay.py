@@ -179,3 +179,60 @@ def test_replayed_autograd_grad_and_backward_inputs_leave_other_grads_alone(emu:
     assert emu.replay.replayed == 2
     assert params[0].grad is not None and params[0].grad.shape == params[0].shape
     assert all(p.grad is None for p in params[1:])
+
+
+def _grad_memory(replay: bool) -> tuple[list[tuple[int, ...]], bool]:
+    """Return per step (allocated after a backward, after a second accumulating one, the peak, after zero_grad),
+    and whether the last step's gradients were block wrappers (Note [Block wrappers])."""
+    gt.install("v100", replay=replay)
+    try:
+        model = _small().cuda()
+        x = torch.randn(8, 3, 16, 16, device="cuda")
+        rows = []
+        for _ in range(4):
+            torch.cuda.reset_peak_memory_stats()
+            model(x).sum().backward()
+            first = torch.cuda.memory_allocated()
+            model(x).sum().backward()  # accumulates: `.grad.add_(new)`, the new gradients freed
+            second = torch.cuda.memory_allocated()
+            block = all("_own" in p.grad.__dict__ for p in model.parameters() if p.grad is not None)
+            peak = torch.cuda.max_memory_allocated()
+            model.zero_grad()
+            rows.append((first, second, peak, torch.cuda.memory_allocated()))
+        return rows, block
+    finally:
+        gt.uninstall()
+
+
+def test_replayed_gradients_take_the_per_op_memory_through_backward_and_zero_grad() -> None:
+    per_op, per_op_block = _grad_memory(False)
+    replayed, replayed_block = _grad_memory(True)
+    assert not per_op_block and replayed_block  # steps 2-4 replay (calls 1-2 record): their gradients are blocks
+    # the gradients: conv 8*3*3*3*4 = 864 -> 1024, 8*4 = 32 -> 512 (x3: conv bias, bn weight, bn bias),
+    # linear 10*2048*4 = 81_920, 10*4 -> 512: 1024 + 3*512 + 81_920 + 512 = 84_992 bytes above the zero_grad level
+    assert per_op[-1][0] - per_op[-1][3] == 84_992
+    assert replayed == per_op  # every step: after each backward, the peak, and after zero_grad
+
+
+def test_replayed_backward_inputs_allocates_only_the_requested_gradient(emu: gt.Emulation) -> None:
+    model = _small().cuda()
+    x = torch.randn(8, 3, 16, 16, device="cuda")
+    params = list(model.parameters())
+    for _ in range(3):  # calls 1-2 record, call 3 is replayed
+        model(x).sum().backward()
+        model.zero_grad()
+    assert emu.replay.replayed == 1
+    out = model(x).sum()
+    before = torch.cuda.memory_allocated()
+    out.backward(inputs=[params[0]])
+    del out
+    assert emu.replay.replayed == 2
+    # the replayed activations and the loss (4 B -> 512) are gone; of the gradients only the conv weight's is there:
+    # 8*3*3*3*4 = 864 -> 1024 B (the other five would add 3*512 + 81_920 + 512)
+    assert params[0].grad is not None and all(p.grad is None for p in params[1:])
+    assert torch.cuda.memory_allocated() == before - _saved_bytes(emu) - 512 + 1024
+
+
+def _saved_bytes(emu: gt.Emulation) -> int:
+    rec = next(e.ready for entries in emu.replay.entries.values() for e in entries.values() if e.ready is not None)
+    return rec.saved_bytes

@@ -306,6 +306,99 @@ class CachingAllocator:
             return 0  # torch hands out a null pointer for empty tensors and counts nothing
         size = (size_bytes + 511) & -512 if size_bytes > MIN_BLOCK_BYTES else MIN_BLOCK_BYTES  # round_size
         small = size <= SMALL_SIZE_BYTES
+        block = self._take_block(size, small, stream_id)
+        block.allocated = True
+        block.requested_bytes = size_bytes
+        block.tag = tag
+        handle = next(self._handles)
+        block.handle = handle
+        self._live[handle] = block
+        bsize = block.size_bytes
+        pc = self._small if small else self._large
+        ac = self._all
+        pc.alloc_bytes = c = pc.alloc_bytes + bsize
+        if c > pc.alloc_bytes_peak:
+            pc.alloc_bytes_peak = c
+        pc.alloc_bytes_cum += bsize
+        ac.alloc_bytes = allocated = ac.alloc_bytes + bsize
+        if allocated > ac.alloc_bytes_peak:
+            ac.alloc_bytes_peak = allocated
+        pc.req_bytes = c = pc.req_bytes + size_bytes
+        if c > pc.req_bytes_peak:
+            pc.req_bytes_peak = c
+        pc.req_bytes_cum += size_bytes
+        ac.req_bytes = c = ac.req_bytes + size_bytes
+        if c > ac.req_bytes_peak:
+            ac.req_bytes_peak = c
+        pc.n_alloc = c = pc.n_alloc + 1
+        if c > pc.n_alloc_peak:
+            pc.n_alloc_peak = c
+        pc.n_alloc_cum += 1
+        ac.n_alloc = c = ac.n_alloc + 1
+        if c > ac.n_alloc_peak:
+            ac.n_alloc_peak = c
+        if self.on_change is not None:
+            self.on_change(allocated, ac.res_bytes)
+        return handle
+
+    def malloc_many(self, sizes_bytes: list[int], stream_id: int = 0, tag: str = "") -> list[int]:
+        """Return [malloc(s, stream_id, tag) for s in sizes_bytes], cheaper: same blocks, counters and peaks.
+
+        Allocations only add, so every counter's peak over the sequence is its value at the end: the counters are
+        updated once (the split counters, which go up and down, per block as in malloc). One on_change at the end.
+        On an out-of-memory error the allocations made so far are freed again before it propagates.
+        """
+        handles: list[int] = []
+        live = self._live
+        next_handle = self._handles
+        # per pool: [allocated bytes, requested bytes, allocations]
+        small_sum = [0, 0, 0]
+        large_sum = [0, 0, 0]
+        try:
+            for size_bytes in sizes_bytes:
+                if size_bytes == 0:
+                    handles.append(0)
+                    continue
+                size = (size_bytes + 511) & -512 if size_bytes > MIN_BLOCK_BYTES else MIN_BLOCK_BYTES
+                small = size <= SMALL_SIZE_BYTES
+                block = self._take_block(size, small, stream_id)
+                block.allocated = True
+                block.requested_bytes = size_bytes
+                block.tag = tag
+                handle = next(next_handle)
+                block.handle = handle
+                live[handle] = block
+                handles.append(handle)
+                acc = small_sum if small else large_sum
+                acc[0] += block.size_bytes
+                acc[1] += size_bytes
+                acc[2] += 1
+        finally:
+            ac = self._all
+            for pc, (bsize, req, n) in ((self._small, small_sum), (self._large, large_sum)):
+                if not n:
+                    continue
+                for view in (pc, ac):
+                    view.alloc_bytes = c = view.alloc_bytes + bsize
+                    if c > view.alloc_bytes_peak:
+                        view.alloc_bytes_peak = c
+                    view.req_bytes = c = view.req_bytes + req
+                    if c > view.req_bytes_peak:
+                        view.req_bytes_peak = c
+                    view.n_alloc = c = view.n_alloc + n
+                    if c > view.n_alloc_peak:
+                        view.n_alloc_peak = c
+                pc.alloc_bytes_cum += bsize
+                pc.req_bytes_cum += req
+                pc.n_alloc_cum += n
+            if len(handles) < len(sizes_bytes):  # out of memory part way: give back what was taken
+                self.free_many(handles)
+        if self.on_change is not None:
+            self.on_change(ac.alloc_bytes, ac.res_bytes)
+        return handles
+
+    def _take_block(self, size: int, small: bool, stream_id: int) -> Block:
+        """Return the block for a rounded request, split off a cached free block (best fit) or a new segment."""
         if small:
             pc = self._small
             free = self._free_small.get(stream_id)
@@ -348,37 +441,7 @@ class CachingAllocator:
             block.size_bytes = size
             insort(free, (remaining, rest.addr, rest))
             _add_inactive_split(pc, ac, remaining)
-        block.allocated = True
-        block.requested_bytes = size_bytes
-        block.tag = tag
-        handle = next(self._handles)
-        block.handle = handle
-        self._live[handle] = block
-        bsize = block.size_bytes
-        pc.alloc_bytes = c = pc.alloc_bytes + bsize
-        if c > pc.alloc_bytes_peak:
-            pc.alloc_bytes_peak = c
-        pc.alloc_bytes_cum += bsize
-        ac.alloc_bytes = allocated = ac.alloc_bytes + bsize
-        if allocated > ac.alloc_bytes_peak:
-            ac.alloc_bytes_peak = allocated
-        pc.req_bytes = c = pc.req_bytes + size_bytes
-        if c > pc.req_bytes_peak:
-            pc.req_bytes_peak = c
-        pc.req_bytes_cum += size_bytes
-        ac.req_bytes = c = ac.req_bytes + size_bytes
-        if c > ac.req_bytes_peak:
-            ac.req_bytes_peak = c
-        pc.n_alloc = c = pc.n_alloc + 1
-        if c > pc.n_alloc_peak:
-            pc.n_alloc_peak = c
-        pc.n_alloc_cum += 1
-        ac.n_alloc = c = ac.n_alloc + 1
-        if c > ac.n_alloc_peak:
-            ac.n_alloc_peak = c
-        if self.on_change is not None:
-            self.on_change(allocated, ac.res_bytes)
-        return handle
+        return block
 
     def _new_segment(self, size: int, small: bool, stream_id: int) -> Block:
         seg_bytes = segment_size(size)
@@ -431,6 +494,34 @@ class CachingAllocator:
         ac.req_bytes -= req
         pc.n_alloc -= 1
         ac.n_alloc -= 1
+        self._return_block(block, pc, ac)
+        if self.on_change is not None:
+            self.on_change(ac.alloc_bytes, ac.res_bytes)
+
+    def free_many(self, handles: list[int]) -> None:
+        """Do free(h) for every handle, cheaper: the same blocks and counters, one on_change at the end."""
+        live = self._live
+        small, large, ac = self._small, self._large, self._all
+        for handle in handles:
+            block = live.pop(handle, None)
+            if block is None:
+                continue
+            pc = small if block.small else large
+            bsize = block.size_bytes
+            req = block.requested_bytes
+            pc.alloc_bytes -= bsize
+            ac.alloc_bytes -= bsize
+            pc.req_bytes -= req
+            ac.req_bytes -= req
+            pc.n_alloc -= 1
+            ac.n_alloc -= 1
+            self._return_block(block, pc, ac)
+        if self.on_change is not None:
+            self.on_change(ac.alloc_bytes, ac.res_bytes)
+
+    def _return_block(self, block: Block, pc: _Counters, ac: _Counters) -> None:
+        """Put a just-freed block back in its free list, merged with free neighbours (split counters updated)."""
+        bsize = block.size_bytes
         block.allocated = False
         block.tag = ""
         free = block.free_list
@@ -467,8 +558,6 @@ class CachingAllocator:
         insort(free, (bsize, block.addr, block))
         if prev is not None or nxt is not None:  # still part of a split segment: an inactive split block
             _add_inactive_split(pc, ac, bsize)
-        if self.on_change is not None:
-            self.on_change(ac.alloc_bytes, ac.res_bytes)
 
     def _release_cached_segments(self) -> None:
         for addr, segment in list(self._segments.items()):

@@ -36,7 +36,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from gpemu.device.allocator import round_size
 from gpemu.torch_backend import state
 from gpemu.torch_backend import tensor as emu_tensor
-from gpemu.torch_backend.tensor import META, EmuTensor, fresh, fresh_on
+from gpemu.torch_backend.tensor import META, EmuTensor, block_sizes, fresh, fresh_block, fresh_on
 
 _ACCUMULATE_GRAD = "torch::autograd::AccumulateGrad"
 _will_execute = torch._C._will_engine_execute_node  # See Note [Direct gradients]
@@ -82,7 +82,7 @@ class Recording:
     done: bool = False
     fwd_chunks: list[Chunk] = field(default_factory=list)
     bwd_chunks: list[Chunk] = field(default_factory=list)
-    grad_bytes: dict[tuple[bool, ...], int] = field(default_factory=dict)  # by ctx.needs_input_grad pattern
+    grad_plans: dict[Any, _GradPlan] = field(default_factory=dict)  # by (needs_input_grad, direct pattern)
 
     def matches(self, other: Recording) -> bool:
         """Return True when both calls ran the same ops at the same predicted costs with about the same memory."""
@@ -195,42 +195,62 @@ class _ReplayFn(torch.autograd.Function):
     def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:  # type: ignore[override]
         rec: Recording = ctx.rec
         emu = state.require()
-        alloc = emu.devices[rec.index].allocator
-        stream_id = emu.current_stream(rec.index).stream_id
-        _charge_chunks(emu, rec.index, rec.bwd_chunks)
-        needs = ctx.needs_input_grad[2:]
-        grad_bytes = rec.grad_bytes.get(needs)
-        if grad_bytes is None:
-            grad_bytes = rec.grad_bytes[needs] = sum(
-                round_size(_nbytes(m)) for m, n in zip(rec.in_meta, needs, strict=True) if n
-            )
-        transient = rec.bwd_peak_bytes - grad_bytes
+        index = rec.index
+        alloc = emu.devices[index].allocator
+        stream_id = emu.current_stream(index).stream_id
+        _charge_chunks(emu, index, rec.bwd_chunks)
+        needs: tuple[bool, ...] = ctx.needs_input_grad[2:]
+        direct: tuple[torch.nn.Parameter, ...] | None = ctx.direct
+        mine: tuple[bool, ...] | None = None  # per parameter: its gradient is set as .grad here
+        if direct is not None and not torch.is_grad_enabled():
+            # See Note [Direct gradients]
+            edges = ctx.next_functions  # (node, input nr) per tensor argument of forward
+            first = len(needs) - len(direct)
+            try:  # backward(inputs=...) leaves out the parameters whose AccumulateGrad will not run
+                mine = tuple([needs[i] and _will_execute(edges[i][0]) for i in range(first, len(needs))])
+            except RuntimeError:  # torch.autograd.grad(): no AccumulateGrad runs; the engine takes the gradients
+                mine = None
+        plan = rec.grad_plans.get((needs, mine))
+        if plan is None:
+            plan = rec.grad_plans[(needs, mine)] = _GradPlan(rec, needs, mine)
+        transient = rec.bwd_peak_bytes - plan.grad_bytes
         tmp = alloc.malloc(transient, stream_id, "replay: backward temporaries") if transient > 0 else None
-        index, malloc = rec.index, alloc.malloc
-        out = [fresh_on(m[0], m[1], m[2], index, "replay: grad", malloc, stream_id) if n else None
-               for m, n in zip(rec.in_meta, needs, strict=True)]
+        block = fresh_block(plan.block_metas, plan.block_sizes, "replay: grad", alloc, stream_id) if (
+            plan.block_metas) else ()
+        out: list[Any] = [None] * len(needs)
+        malloc = alloc.malloc
+        for i, m in plan.engine:
+            out[i] = fresh_on(m[0], m[1], m[2], index, "replay: grad", malloc, stream_id)
         if tmp is not None:
             alloc.free(tmp)
         if ctx.held is not None:
             ctx.held.release()
-        direct = ctx.direct
-        if direct is not None and not torch.is_grad_enabled():
-            # See Note [Direct gradients]
-            first = len(out) - len(direct)
-            edges = ctx.next_functions  # (node, input nr) per tensor argument of forward, as `out`
-            try:
-                for i, p in enumerate(direct, first):
-                    g = out[i]
-                    if g is None or not _will_execute(edges[i][0]):  # backward(inputs=...) leaves p out
-                        continue
-                    if p.grad is None:
-                        p.grad = g
-                    else:
-                        p.grad.add_(g)
-                    out[i] = None
-            except RuntimeError:  # torch.autograd.grad(): no AccumulateGrad runs; the engine takes the gradients
-                pass
+        if block:
+            assert direct is not None
+            for j, g in zip(plan.block_params, block, strict=True):
+                p = direct[j]
+                if p.grad is None:
+                    p.grad = g
+                else:
+                    p.grad.add_(g)
         return (None, None, *out)
+
+
+class _GradPlan:
+    """Which gradients one replayed backward builds, and how (per needs_input_grad and direct-gradient pattern)."""
+
+    def __init__(self, rec: Recording, needs: tuple[bool, ...], mine: tuple[bool, ...] | None) -> None:
+        # the recorded backward peak counts every gradient the per-op backward made: the rest is its temporaries
+        self.grad_bytes = sum(round_size(_nbytes(m)) for m, n in zip(rec.in_meta, needs, strict=True) if n)
+        first = len(needs) - (len(mine) if mine is not None else 0)
+        self.engine: list[tuple[int, tuple[Any, ...]]] = [  # gradients returned to the autograd engine
+            (i, m) for i, (m, n) in enumerate(zip(rec.in_meta[:first], needs[:first], strict=True)) if n
+        ]
+        # gradients set as `.grad` here, built as one block (Note [Block wrappers]); a parameter that needs a
+        # gradient but whose AccumulateGrad will not run (backward(inputs=...)) gets none
+        self.block_params: list[int] = [j for j, ok in enumerate(mine or ()) if ok]
+        self.block_metas: list[tuple[Any, ...]] = [(*rec.in_meta[first + j], rec.index) for j in self.block_params]
+        self.block_sizes = block_sizes([_nbytes(mk[:3]) for mk in self.block_metas])
 
 
 def _nbytes(meta: tuple[tuple[int, ...], tuple[int, ...], torch.dtype]) -> int:
@@ -423,8 +443,10 @@ class Replayer:
 # what AccumulateGrad would: sets `.grad` to the new gradient, or adds into an existing one (that add is a real op,
 # charged as on the per-op path, whose recording excluded AccumulateGrad's ops). Only where the engine would run
 # that AccumulateGrad node (torch._C._will_engine_execute_node): `backward(inputs=...)` leaves other parameters'
-# `.grad` alone, and `torch.autograd.grad(loss, params)` (where that check raises) must get the gradients back from
-# the engine and leave every `.grad` alone.
+# `.grad` alone (and their gradients are not built at all), and `torch.autograd.grad(loss, params)` (where that
+# check raises) must get the gradients back from the engine and leave every `.grad` alone. The gradients set here
+# die together at zero_grad(), so they are built as block wrappers (Note [Block wrappers] in tensor.py); those
+# returned to the engine are built one by one (fresh_on). _GradPlan caches which is which per pattern.
 
 
 def _direct(params: list[torch.nn.Parameter]) -> tuple[torch.nn.Parameter, ...] | None:

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import time
 import weakref
+from contextlib import suppress as _suppress
 from typing import Any
 
 import torch
 
+from gpemu.device.allocator import SMALL_SIZE_BYTES, round_size
 from gpemu.errors import UnsupportedOpError
 from gpemu.torch_backend import state
 from gpemu.torch_backend.shapes import FAST
@@ -25,10 +27,11 @@ _make_wrapper = torch.Tensor._make_wrapper_subclass  # type: ignore[attr-defined
 _DATA: Any = torch._C.TensorBase.data  # the C-level `.data` descriptor (EmuTensor overrides it to keep its key fresh)
 _CUDA_DEVICES = [torch.device("cuda", i) for i in range(64)]
 
-# storage id (StorageImpl address) -> [allocator handle, live wrapper count, device index]. See Note [Memory by
-# storage]: views share the inner meta tensor's StorageImpl, so one allocation per storage, freed when the last
-# wrapper over it dies.
-_live: dict[int, list[int]] = {}
+# storage id (StorageImpl address) -> [allocator handle, live wrapper count, device index(, block owner)]. See Note
+# [Memory by storage]: views share the inner meta tensor's StorageImpl, so one allocation per storage, freed when the
+# last wrapper over it dies. A 4th item is the _BlockOwner of a block wrapper's storage (Note [Block wrappers]):
+# handle 0 (nothing of its own to free), the owner kept alive while any wrapper over that storage lives.
+_live: dict[int, list[Any]] = {}
 
 
 def _release(key: int) -> None:
@@ -48,6 +51,7 @@ class EmuTensor(torch.Tensor):
 
     _elem: torch.Tensor
     _index: int
+    _own: Any  # a block wrapper's _BlockOwner (Note [Block wrappers])
 
     __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
 
@@ -562,6 +566,99 @@ def fresh(shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype, i
     emu = state.require()
     return fresh_on(shape, stride, dtype, index, tag, emu.devices[index].allocator.malloc,
                     emu.current_stream(index).stream_id)
+
+
+# Note [Block wrappers]: the replayed backward gives every parameter a new gradient each step (resnet50: 161). Built
+# one by one (fresh_on), each costs a meta tensor, an allocation, a weak reference with a callback, and at
+# zero_grad() a callback and a free: ~9 us per gradient, ~1.5 ms per step. fresh_block() builds them as block
+# wrappers instead. Their memory is allocated by one allocator.malloc_many call, as block_sizes() lays it out: a
+# large-pool gradient (> 1 MiB) gets its own allocation, as from fresh_on; small-pool gradients (resnet50: 143 of
+# 161) are packed in order into allocations of at most 1 MiB, each the sum of their rounded sizes, which is exactly
+# what the small pool hands out per gradient (it always splits off the rest of a block). memory_allocated and its
+# peak are therefore those of per-gradient allocations; the "allocation" and "requested_bytes" stats count a pack
+# as one allocation of its rounded bytes, and a pack needs its bytes contiguous (memory_reserved may differ by a
+# small-pool segment or two). The allocations are owned by one _BlockOwner that each wrapper holds in its
+# __dict__; it frees them all (allocator.free_many) when the last wrapper dies: one __del__, no weak reference per
+# wrapper. Their meta tensor is built on first use
+# (EmuTensor._elem is a _LazyElem: a non-data descriptor, so a wrapper whose __dict__ has `_elem` never reaches
+# it): a replayed optimizer step and zero_grad() never unwrap a gradient, and an op cache hit keys on `_mk` alone.
+# Building it registers the storage like any other (handle 0: the bytes stay the owner's, which the record keeps
+# alive), so views, detach and in-place ops work as for fresh_on. The one deviation: a gradient that outlives the
+# others keeps all of the block's allocations (freed when it dies). So only gradients that die together share a
+# block: the replay uses it for the gradients it sets as `.grad` itself (Note [Direct gradients]), which
+# zero_grad() drops together.
+
+
+class _BlockOwner:
+    """The allocations of the wrappers fresh_block() built together: freed when the last of them dies."""
+
+    __slots__ = ("free_many", "handles")
+
+    def __init__(self, free_many: Any, handles: list[int]) -> None:
+        self.free_many = free_many
+        self.handles = handles
+
+    def __del__(self) -> None:
+        with _suppress(Exception):  # at interpreter shutdown the allocator's module may be torn down
+            self.free_many(self.handles)
+
+
+class _LazyElem:
+    """EmuTensor._elem of a block wrapper: its meta tensor, built and registered on first use (Note [Block wrappers])."""
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        if obj is None:
+            return self
+        shape, stride, dtype, index = obj._mk
+        elem = _empty_strided(shape, stride, dtype=dtype, device=META)
+        key = elem.untyped_storage()._cdata
+        _live[key] = [0, 1, index, obj._own]
+        ref = _StorageRef(obj, _on_dead)
+        ref.key = key
+        _refs.add(ref)
+        obj._elem = elem
+        return elem
+
+
+EmuTensor._elem = _LazyElem()  # type: ignore[assignment]  # consulted only when the instance has no `_elem`
+
+
+def block_sizes(sizes_bytes: list[int]) -> list[int]:
+    """Return the allocations that hold tensors of `sizes_bytes` as the per-tensor mallocs would count them: each
+    large-pool size on its own, small-pool ones packed in order into allocations of at most 1 MiB (the sum of their
+    rounded sizes: a small-pool block is exactly its rounded size). See Note [Block wrappers]."""
+    out: list[int] = []
+    group = 0
+    for size in sizes_bytes:
+        if size == 0:
+            continue
+        rounded = round_size(size)
+        if rounded > SMALL_SIZE_BYTES:
+            out.append(size)
+            continue
+        if group + rounded > SMALL_SIZE_BYTES:
+            out.append(group)
+            group = 0
+        group += rounded
+    if group:
+        out.append(group)
+    return out
+
+
+def fresh_block(metas: list[tuple[Any, ...]], sizes_bytes: list[int], tag: str, allocator: Any,
+                stream_id: int) -> list[EmuTensor]:
+    """Return new EmuTensors, one per (shape, stride, dtype, device index) in `metas`, whose memory is the
+    allocations of `sizes_bytes` (block_sizes() of theirs), all freed when the last of them dies (see Note [Block
+    wrappers])."""
+    owner = _BlockOwner(allocator.free_many, allocator.malloc_many(sizes_bytes, stream_id, tag))
+    out = []
+    for mk in metas:
+        w = _make_wrapper(EmuTensor, mk[0], strides=mk[1], dtype=mk[2], device=META)
+        w._index = mk[3]
+        w._mk = mk
+        w._own = owner
+        out.append(w)
+    return out
 
 
 def fresh_on(shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype, index: int, tag: str,
