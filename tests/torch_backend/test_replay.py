@@ -236,3 +236,19 @@ def test_replayed_backward_inputs_allocates_only_the_requested_gradient(emu: gt.
 def _saved_bytes(emu: gt.Emulation) -> int:
     rec = next(e.ready for entries in emu.replay.entries.values() for e in entries.values() if e.ready is not None)
     return rec.saved_bytes
+
+
+def test_parameter_gradient_hooks_run_on_replayed_steps(emu: gt.Emulation) -> None:
+    # Note [Direct gradients]: a hooked parameter makes the replayed backward hand every gradient to the engine
+    model = _small().cuda()
+    x = torch.randn(8, 3, 16, 16, device="cuda")
+    seen: list[str] = []
+    model[0].weight.register_hook(lambda g: seen.append("grad") or None)
+    model[4].bias.register_post_accumulate_grad_hook(lambda p: seen.append("post"))
+    for _ in range(4):  # calls 1-2 record, 3-4 replay
+        model(x).sum().backward()
+        model.zero_grad()
+    assert emu.replay.replayed == 2
+    assert sorted(seen) == ["grad"] * 4 + ["post"] * 4  # once per step each, replayed or not
+    model(x).sum().backward()
+    assert all(p.grad is not None and "_own" not in p.grad.__dict__ for p in model.parameters())  # not blocks

@@ -29,7 +29,7 @@ import torch
 
 from gpemu.torch_backend import state
 from gpemu.torch_backend import tensor as emu_tensor
-from gpemu.torch_backend.replay import Chunk, _charge_chunks, _chunks, _Window
+from gpemu.torch_backend.replay import Chunk, _charge_chunks, _chunks, _plain_attrs, _Window
 from gpemu.torch_backend.tensor import EmuTensor
 
 
@@ -146,7 +146,8 @@ def replaying(step: Callable[..., Any]) -> Callable[..., Any]:
         emu = state.current_emulation()
         if emu is None or emu.replay is None or args or kwargs:  # a closure (LBFGS) is never replayed
             return step(self, *args, **kwargs)
-        key = _key(self)
+        with _plain_attrs():  # See Note [Tensor attributes from Python] in replay.py
+            key = _key(self)
         if key is None:
             _entries.pop(self, None)
             return step(self, *args, **kwargs)
@@ -154,7 +155,8 @@ def replaying(step: Callable[..., Any]) -> Callable[..., Any]:
         if entry is None:
             entry = _entries[self] = _Entry()
         if entry.ready is not None and entry.key == key:
-            _replay(self, entry)
+            with _plain_attrs():
+                _replay(self, entry)
             return None
         return _record(entry, key, lambda: step(self, *args, **kwargs))
 

@@ -40,6 +40,12 @@ from gpemu.torch_backend.tensor import META, EmuTensor, block_sizes, fresh, fres
 
 _ACCUMULATE_GRAD = "torch::autograd::AccumulateGrad"
 _will_execute = torch._C._will_engine_execute_node  # See Note [Direct gradients]
+# Note [Tensor attributes from Python]: every tensor attribute read from Python on a tensor subclass (`p.grad`,
+# `p.requires_grad`, `p._backward_hooks`, `t.shape`) first looks up the subclass' `__torch_function__` (~0.2-0.3 us:
+# 3-4x the read itself). EmuTensor disables __torch_function__, so under DisableTorchFunctionSubclass (which skips
+# that look-up) the same reads give the same values; the replay path's loops over every parameter run under it.
+# Never around user code: orig(module, ...) runs outside it.
+_plain_attrs = torch._C.DisableTorchFunctionSubclass
 _QUEUE_WAIT = "launch queue full"
 # wrappers whose forward talks to a communication library (DDP's reducer must see every forward): always per op
 _NEVER_REPLAY = frozenset({"DistributedDataParallel", "FullyShardedDataParallel"})
@@ -227,12 +233,14 @@ class _ReplayFn(torch.autograd.Function):
             ctx.held.release()
         if block:
             assert direct is not None
-            for j, g in zip(plan.block_params, block, strict=True):
-                p = direct[j]
-                if p.grad is None:
-                    p.grad = g
-                else:
-                    p.grad.add_(g)
+            with _plain_attrs():  # See Note [Tensor attributes from Python]
+                for j, g in zip(plan.block_params, block, strict=True):
+                    p = direct[j]
+                    grad = p.grad
+                    if grad is None:
+                        p.grad = g
+                    else:
+                        grad.add_(g)
         return (None, None, *out)
 
 
@@ -290,11 +298,10 @@ class Replayer:
             return orig(module, *args, **kwargs)
         if type(module).__name__ in _NEVER_REPLAY:
             return orig(module, *args, **kwargs)
-        params = _params_if_hook_free(module)
-        if not params:
-            return orig(module, *args, **kwargs)
-        key = self._key(module, args, kwargs, params)
-        if key is None:
+        with _plain_attrs():  # See Note [Tensor attributes from Python]
+            walk = _walk(module)
+            key = self._key(module, args, kwargs, walk[1]) if walk is not None else None
+        if walk is None or key is None:
             return orig(module, *args, **kwargs)
         per_module = self.entries.get(module)
         if per_module is None:
@@ -302,12 +309,15 @@ class Replayer:
         entry = per_module.get(key)
         if entry is None:
             entry = per_module[key] = _Entry()
+        params, _params_key, direct_ok = walk
         if entry.ready is not None:
-            return self._replay(module, entry.ready, args, kwargs, params)
+            direct = tuple(params) if direct_ok and not _distributed() else None
+            with _plain_attrs():
+                return self._replay(module, entry.ready, args, kwargs, params, direct)
         return self._record(orig, module, entry, first._index, args, kwargs, params)
 
     def _key(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
-             params: list[torch.nn.Parameter]) -> tuple[Any, ...] | None:
+             params_key: tuple[Any, ...]) -> tuple[Any, ...] | None:
         parts: list[Any] = [module.training, torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
                             self.emu.autocast_dtype(), self.emu.current_stream(self.emu.current_device()).stream_id]
         for v in (*args, *kwargs.keys(), *kwargs.values()):
@@ -321,7 +331,7 @@ class Replayer:
                 except TypeError:
                     return None
                 parts.append(v)
-        parts.append(tuple((id(p), p.requires_grad) for p in params))
+        parts.append(params_key)
         return tuple(parts)
 
     # -- recording
@@ -423,13 +433,13 @@ class Replayer:
     # -- replay
 
     def _replay(self, module: torch.nn.Module, rec: Recording, args: tuple[Any, ...], kwargs: dict[str, Any],
-                params: list[torch.nn.Parameter]) -> Any:
+                params: list[torch.nn.Parameter], direct: tuple[torch.nn.Parameter, ...] | None) -> Any:
         phases = self.emu.phases
         inputs = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]
         phases._pre(module, args)
         outs: Any = None
         try:
-            outs = _ReplayFn.apply(rec, _direct(params), *inputs, *params)
+            outs = _ReplayFn.apply(rec, direct, *inputs, *params)
         finally:
             phases._post(module, args, outs)
         self.replayed += 1
@@ -449,26 +459,32 @@ class Replayer:
 # returned to the engine are built one by one (fresh_on). _GradPlan caches which is which per pattern.
 
 
-def _direct(params: list[torch.nn.Parameter]) -> tuple[torch.nn.Parameter, ...] | None:
-    """Return the parameters whose gradients the replayed backward may set itself, or None."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return None
-    for p in params:
-        if p._backward_hooks or getattr(p, "_post_accumulate_grad_hooks", None):
-            return None
-    return tuple(params)
+def _distributed() -> bool:
+    """Return True when a torch.distributed process group exists (DDP may hook the gradient accumulators)."""
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
 def _params_if_hook_free(module: torch.nn.Module) -> list[torch.nn.Parameter]:
     """Return module.parameters() as a list, or [] when a module hook (other than gpemu's phase hooks) could observe
-    the module's forward/backward. One walk over the submodules (module.parameters() would walk them again)."""
+    the module's forward/backward."""
+    walk = _walk(module)
+    return walk[0] if walk is not None else []
+
+
+def _walk(module: torch.nn.Module) -> tuple[list[torch.nn.Parameter], tuple[Any, ...], bool] | None:
+    """Return (module.parameters() as a list, their part of the replay key, whether no parameter has a gradient
+    hook: Note [Direct gradients]), or None when the module has no parameters or a module hook (other than gpemu's
+    phase hooks) could observe its forward/backward. One walk over the submodules (module.parameters() would walk
+    them again, and the key and the hook check would each loop over the parameters once more)."""
     m = _nn_module
     if m._global_backward_hooks or m._global_backward_pre_hooks:
-        return []
+        return None
     if len(m._global_forward_hooks) > 1 or len(m._global_forward_pre_hooks) > 1:
-        return []
+        return None
     params: list[torch.nn.Parameter] = []
+    key: list[Any] = []  # id and requires_grad per parameter, flat
     seen: set[int] = set()
+    hook_free = True
     # module.modules()' pre-order and de-duplication, without named_modules' prefix strings
     stack = [module]
     visited: set[int] = set()
@@ -478,15 +494,21 @@ def _params_if_hook_free(module: torch.nn.Module) -> list[torch.nn.Parameter]:
             continue
         visited.add(id(sub))
         if sub._forward_hooks or sub._forward_pre_hooks or sub._backward_hooks or sub._backward_pre_hooks:
-            return []
+            return None
         for p in sub._parameters.values():  # the order and de-duplication of module.parameters()
             if p is not None and id(p) not in seen:
                 seen.add(id(p))
                 params.append(p)
+                key.append(id(p))
+                key.append(p.requires_grad)
+                if hook_free and (p._backward_hooks or p._post_accumulate_grad_hooks):
+                    hook_free = False
         children = sub._modules
         if children:
             stack.extend([c for c in reversed(children.values()) if c is not None])
-    return params
+    if not params:
+        return None
+    return params, tuple(key), hook_free
 
 
 def _replays_inside(top: torch.nn.Module, module: torch.nn.Module) -> bool:
