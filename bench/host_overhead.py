@@ -8,6 +8,9 @@ launch queue is full or at a sync: a real CUDA host spins there too, so it is no
 (issue #3: <= 25 us/op per op, <= 2 ms/step with replay) apply to "excl". With replay, "us/op" is the step's
 CPU divided by the ops the per-op step dispatches (the ops the step stands for); "ops" is what it still dispatches
 (loss, optimizer, zero_grad, AccumulateGrad outside the replayed module).
+--queue-depth N sets the emulated launch-queue depth (default: the device's, 1024): a depth the steps never fill
+(e.g. 1000000) means the host never sleeps on a full queue, which on a shared VM slows the CPU work after each sleep;
+a diagnosis setting that separates the emulator's CPU from that effect, not how a GPU behaves.
 """
 
 from __future__ import annotations
@@ -61,10 +64,14 @@ def step_fn(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor)
     opt.zero_grad()
 
 
-def measure(name: str, steps: int, batch_size: int, replay: bool) -> tuple[float, float, int]:
+def measure(name: str, steps: int, batch_size: int, replay: bool, queue_depth: int | None = None) -> tuple[
+        float, float, int]:
     """Return (host CPU ms/step, the same without CPU inside host_wait, aten ops dispatched per step)."""
     emu = gt.install("a100", replay=replay)
     try:
+        if queue_depth is not None:
+            for dev in emu.devices:
+                dev.launch_queue_depth = queue_depth
         model = (torchvision.models.get_model(name) if name != "transformer" else _transformer()).cuda()
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         shape = (batch_size, 3, 224, 224) if name != "transformer" else (batch_size, 128, 512)
@@ -94,13 +101,14 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--queue-depth", type=int, default=None, help="emulated launch-queue depth (diagnosis only)")
     args = p.parse_args()
     print(f"{'':<12} {'':>8} | {'per-op path: ms/step':^26} | {'replay: ms/step':^26} |")
     print(f"{'model':<12} {'ops/step':>8} | {'total':>6} {'excl':>6} {'us/op':>5} {'excl':>5} |"
           f" {'total':>6} {'excl':>6} {'us/op':>5} {'excl':>5} | {'ops':>5} {'speedup':>7}")
     for name in ("resnet18", "resnet50", "transformer"):
-        ms, ms_x, ops = measure(name, args.steps, args.batch_size, replay=False)
-        rms, rms_x, rops = measure(name, args.steps, args.batch_size, replay=True)
+        ms, ms_x, ops = measure(name, args.steps, args.batch_size, replay=False, queue_depth=args.queue_depth)
+        rms, rms_x, rops = measure(name, args.steps, args.batch_size, replay=True, queue_depth=args.queue_depth)
         print(f"{name:<12} {ops:>8} | {ms:>6.1f} {ms_x:>6.1f} {ms / ops * 1e3:>5.1f} {ms_x / ops * 1e3:>5.1f} |"
               f" {rms:>6.2f} {rms_x:>6.2f} {rms / ops * 1e3:>5.1f} {rms_x / ops * 1e3:>5.1f} | {rops:>5}"
               f" {ms_x / rms_x:>6.1f}x")
