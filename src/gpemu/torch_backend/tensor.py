@@ -725,7 +725,9 @@ def run_op(func: Any, args: Any, kwargs: Any) -> Any:
         if _inference_enabled() and not x.is_inference():  # See Note [Views in inference mode]
             with torch.inference_mode(False):
                 return wrap_outputs(func(x._elem, *args[1:]), x._index, {}, func)
-        elem = func(x._elem, *args[1:])
+        # OpOverload.__call__ is `self._op(...)` unless a Python kernel is registered: calling _op skips a frame
+        # and an attribute check (~0.3-1 us on a view)
+        elem = (func._op if func._pyobj_dispatcher is None else func)(x._elem, *args[1:])
         if type(elem) is torch.Tensor and elem.is_meta:  # not .device.type: that builds a device object (~1 us)
             out = _alias(elem, x._index, None)
             if out is not None:
