@@ -11,11 +11,14 @@ CPU divided by the ops the per-op step dispatches (the ops the step stands for);
 --queue-depth N sets the emulated launch-queue depth (default: the device's, 1024): a depth the steps never fill
 (e.g. 1000000) means the host never sleeps on a full queue, which on a shared VM slows the CPU work after each sleep;
 a diagnosis setting that separates the emulator's CPU from that effect, not how a GPU behaves.
+--phases also prints, per model and path, the CPU of each part of a step (forward, loss, backward, optimizer step,
+zero_grad; without host_wait), the minimum over the measured steps.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import time
 from typing import Any
 
@@ -64,9 +67,33 @@ def step_fn(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor)
     opt.zero_grad()
 
 
-def measure(name: str, steps: int, batch_size: int, replay: bool, queue_depth: int | None = None) -> tuple[
-        float, float, int]:
-    """Return (host CPU ms/step, the same without CPU inside host_wait, aten ops dispatched per step)."""
+PHASES = ("forward", "loss", "backward", "step", "zero_grad")
+
+
+def timed_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, meter: _WaitMeter) -> list[float]:
+    """Run step_fn's parts one by one; return the CPU seconds of each (CPU inside host_wait left out)."""
+
+    def cpu_s() -> float:
+        return time.process_time() - meter.cpu_s
+
+    marks = [cpu_s()]
+    out = model(x)
+    marks.append(cpu_s())
+    loss = out.float().mean()
+    marks.append(cpu_s())
+    loss.backward()
+    marks.append(cpu_s())
+    opt.step()
+    marks.append(cpu_s())
+    opt.zero_grad()
+    marks.append(cpu_s())
+    return [b - a for a, b in itertools.pairwise(marks)]
+
+
+def measure(name: str, steps: int, batch_size: int, replay: bool, queue_depth: int | None = None,
+            phases: list[float] | None = None) -> tuple[float, float, int]:
+    """Return (host CPU ms/step, the same without CPU inside host_wait, aten ops dispatched per step); with
+    `phases`, then run `steps` more steps part by part and fill it with each part's minimum ms (see PHASES)."""
     emu = gt.install("a100", replay=replay)
     try:
         if queue_depth is not None:
@@ -91,6 +118,10 @@ def measure(name: str, steps: int, batch_size: int, replay: bool, queue_depth: i
         ops = emu_tensor.emulator_host_time()[1] - ops0
         if replay:
             assert emu.replay is not None and emu.replay.replayed >= steps, "replay did not engage"
+        if phases is not None:
+            with _WaitMeter() as meter:
+                parts = [timed_step(model, opt, x, meter) for _ in range(steps)]
+            phases[:] = [min(p[i] for p in parts) * 1e3 for i in range(len(PHASES))]
         return cpu_s / steps * 1e3, (cpu_s - meter.cpu_s) / steps * 1e3, ops // steps
     finally:
         gt.uninstall()
@@ -102,18 +133,28 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--queue-depth", type=int, default=None, help="emulated launch-queue depth (diagnosis only)")
+    p.add_argument("--phases", action="store_true", help="also print each part of a step's CPU (min ms)")
     args = p.parse_args()
+    parts: dict[str, list[float]] = {}
     print(f"{'':<12} {'':>8} | {'per-op path: ms/step':^26} | {'replay: ms/step':^26} |")
     print(f"{'model':<12} {'ops/step':>8} | {'total':>6} {'excl':>6} {'us/op':>5} {'excl':>5} |"
           f" {'total':>6} {'excl':>6} {'us/op':>5} {'excl':>5} | {'ops':>5} {'speedup':>7}")
     for name in ("resnet18", "resnet50", "transformer"):
-        ms, ms_x, ops = measure(name, args.steps, args.batch_size, replay=False, queue_depth=args.queue_depth)
-        rms, rms_x, rops = measure(name, args.steps, args.batch_size, replay=True, queue_depth=args.queue_depth)
+        per_op_parts: list[float] | None = [] if args.phases else None
+        replay_parts: list[float] | None = [] if args.phases else None
+        if per_op_parts is not None and replay_parts is not None:
+            parts[f"{name} per-op"], parts[f"{name} replay"] = per_op_parts, replay_parts
+        ms, ms_x, ops = measure(name, args.steps, args.batch_size, False, args.queue_depth, per_op_parts)
+        rms, rms_x, rops = measure(name, args.steps, args.batch_size, True, args.queue_depth, replay_parts)
         print(f"{name:<12} {ops:>8} | {ms:>6.1f} {ms_x:>6.1f} {ms / ops * 1e3:>5.1f} {ms_x / ops * 1e3:>5.1f} |"
               f" {rms:>6.2f} {rms_x:>6.2f} {rms / ops * 1e3:>5.1f} {rms_x / ops * 1e3:>5.1f} | {rops:>5}"
               f" {ms_x / rms_x:>6.1f}x")
     print("excl = without CPU inside EmulatedGPU.host_wait (sync spinning). Targets apply to excl:"
           " <= 25 us/op per op, <= 2 ms/step with replay")
+    if args.phases:
+        print(f"\n{'min ms per part (excl)':<22} " + " ".join(f"{p:>9}" for p in PHASES))
+        for label, values in parts.items():
+            print(f"{label:<22} " + " ".join(f"{v:>9.2f}" for v in values))
 
 
 if __name__ == "__main__":
