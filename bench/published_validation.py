@@ -59,9 +59,10 @@ REFERENCES: tuple[Reference, ...] = (
 
 def predicted_images_per_s(ref: Reference) -> float:
     """Return gpemu's predicted images per second for one reference configuration."""
-    seconds = predict_phase(ref.gpu, ref.model, "forward", ref.batch_size, ref.dtype).value
+    fmt = "channels_last" if ref.layout == "NHWC" else "nchw"
+    seconds = predict_phase(ref.gpu, ref.model, "forward", ref.batch_size, ref.dtype, memory_format=fmt).value
     if ref.mode == "train":
-        seconds += predict_phase(ref.gpu, ref.model, "backward", ref.batch_size, ref.dtype).value
+        seconds += predict_phase(ref.gpu, ref.model, "backward", ref.batch_size, ref.dtype, memory_format=fmt).value
     return ref.batch_size / seconds
 
 

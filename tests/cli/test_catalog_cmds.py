@@ -57,8 +57,9 @@ def test_gpus_lists_the_catalog() -> None:
 
 def test_predict_acceptance(imported: Path) -> None:
     out = _predict("--gpu", "v100", "--model", "resnet50", "--batch-size", "128")
-    assert set(out) == {"gpu", "model", "batch_size", "dtype", "phases", "memory"}
+    assert set(out) == {"gpu", "model", "batch_size", "dtype", "memory_format", "phases", "memory"}
     assert (out["gpu"], out["model"], out["batch_size"], out["dtype"]) == ("v100-pcie-32gb", "resnet50", 128, "fp32")
+    assert out["memory_format"] == "nchw"
     assert set(out["phases"]) == {"forward", "backward", "h2d"}
     assert round(out["phases"]["forward"]["seconds"], 4) == 0.1193
     assert round(out["phases"]["backward"]["seconds"], 4) == 0.2655
@@ -67,6 +68,17 @@ def test_predict_acceptance(imported: Path) -> None:
     k80 = _predict("--gpu", "Tesla_K80", "--model", "resnet50", "--batch-size", "200")
     assert k80["phases"]["forward"]["source"] == "extrapolated"
     assert k80["phases"]["backward"]["source"] == "extrapolated"
+
+
+def test_predict_channels_last_scales_the_nchw_profile(imported: Path) -> None:
+    # Profiles are NCHW: a channels_last request is the measured row times model(NHWC) / model(NCHW) on the same GPU
+    # (Note [Layout cost]). fp32 on a V100 runs NCHW-native CUDA-core kernels, so NHWC pays transposes: slower.
+    out = _predict("--gpu", "v100", "--model", "resnet50", "--batch-size", "128", "--memory-format", "channels_last")
+    assert out["memory_format"] == "channels_last"
+    fwd = out["phases"]["forward"]
+    assert fwd["path"] == "scaled-from:v100-pcie-32gb" and fwd["seconds"] > 0.1193  # the measured NCHW forward
+    result = runner.invoke(app, ["predict", "-g", "v100", "-m", "resnet50", "-b", "8", "--memory-format", "nhwc"])
+    assert result.exit_code != 0 and "channels_last" in result.output
 
 
 def test_predict_interpolates_in_a_profile_with_gaps(profile_dir: Path) -> None:

@@ -86,3 +86,52 @@ def test_a_replaced_classifier_head_keeps_the_architecture() -> None:
     mlp_head = torchvision.models.resnet50()
     mlp_head.fc = torch.nn.Sequential(torch.nn.Linear(2048, 256), torch.nn.ReLU(), torch.nn.Linear(256, 3))
     assert gt.identify_model(mlp_head) is None
+
+
+def test_a_channels_last_model_gets_the_nhwc_prediction(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Note [Layout cost]: model.to(memory_format=torch.channels_last) is visible in the meta tensors' strides
+    monkeypatch.setenv("GPEMU_PROFILE_DIR", str(tmp_path))
+    batch = 2
+    forward = predict_phase("h100", "resnet18", "forward", batch, memory_format="channels_last").value
+    backward = predict_phase("h100", "resnet18", "backward", batch, memory_format="channels_last").value
+    nchw = predict_phase("h100", "resnet18", "forward", batch).value
+    assert forward != pytest.approx(nchw, rel=1e-3)  # TF32 convolutions are NHWC-native on Hopper: they differ
+    gt.install("h100", replay=False)
+    try:
+        model = torchvision.models.resnet18().cuda().to(memory_format=torch.channels_last)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        x = torch.randn(batch, 3, 224, 224, device="cuda").contiguous(memory_format=torch.channels_last)
+        steps = [_step_gpu_s(model, x, opt) for _ in range(3)]
+        described = gt.current_emulation().phases.describe()
+    finally:
+        gt.uninstall()
+    assert described["phase_predicted"]["resnet18/2/fp32/channels_last/forward"] == [pytest.approx(forward),
+                                                                                      "spec-model"]
+    assert steps[2] == pytest.approx(forward + backward, rel=1e-6)
+
+
+def test_per_op_pricing_sees_channels_last() -> None:
+    # One fp16 3x3 convolution on an emulated A100: NCHW pays cuDNN's transposes (Note [Layout cost]), NHWC not.
+    gt.install("a100", replay=False)
+    try:
+        emu = gt.current_emulation()
+        stats = emu.devices[0].stats
+        conv = torch.nn.Conv2d(64, 64, 3, padding=1).cuda().half()
+        x = torch.randn(32, 64, 56, 56, device="cuda", dtype=torch.float16)
+        times = []
+        for fmt in (torch.contiguous_format, torch.channels_last):
+            conv = conv.to(memory_format=fmt)
+            xi = x.contiguous(memory_format=fmt)
+            with torch.no_grad():
+                conv(xi)  # warm the op caches
+                torch.cuda.synchronize()
+                before = stats.work_s["kernel"]
+                y = conv(xi)
+                torch.cuda.synchronize()
+            assert y.is_contiguous(memory_format=fmt)
+            times.append(stats.work_s["kernel"] - before)
+    finally:
+        gt.uninstall()
+    nchw_s, nhwc_s = times
+    # x and y are 32*64*56*56*2 bytes = 12.8 MB each; transposing both moves 2 * 25.7 MB at well under 2 TB/s
+    assert nchw_s - nhwc_s > 2 * 25.7e6 / 2039e9

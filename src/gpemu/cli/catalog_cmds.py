@@ -137,6 +137,9 @@ def predict(
     model: str = typer.Option(..., "--model", "-m", help="Workload name (see `gpemu models`)."),
     batch_size: int = typer.Option(..., "--batch-size", "-b", help="Samples per batch (integer >= 1)."),
     dtype: str = typer.Option("fp32", "--dtype", help="fp32, tf32, fp16, bf16, amp or amp_bf16."),
+    memory_format: str = typer.Option("nchw", "--memory-format",
+                                      help="nchw, or channels_last (the model and input in NHWC, as after "
+                                           "model.to(memory_format=torch.channels_last))."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
 ) -> None:
     """Predict per-phase seconds of one training step (forward, backward, input H2D) and say where each came from."""
@@ -148,7 +151,7 @@ def predict(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", GpemuWarning)
         try:
-            out = predict_step(gpu, model, batch_size, dtype)
+            out = predict_step(gpu, model, batch_size, dtype, memory_format=memory_format)
         except GpemuError as exc:
             raise _fail(exc) from exc
     for w in caught:
@@ -157,7 +160,8 @@ def predict(
     if as_json:
         print(json.dumps(out, allow_nan=False, default=str))
         return
-    table = Table(title=f"{out['model']} on {out['gpu']}, batch {out['batch_size']}, {out['dtype']}")
+    fmt = "" if memory_format == "nchw" else f", {memory_format}"
+    table = Table(title=f"{out['model']} on {out['gpu']}, batch {out['batch_size']}, {out['dtype']}{fmt}")
     for col in ("phase", "seconds", "source", "from"):
         table.add_column(col)
     for name, ph in out["phases"].items():

@@ -145,6 +145,9 @@ class OpArrays:
     bytes_per_sample: np.ndarray | None = None
     views_before: np.ndarray | None = None  # set by compress_views: view ops folded into the next kernel's host time
     plane: np.ndarray | None = None  # batch-norm ops: elements per contiguous (n, c) plane, H*W; inf for other ops
+    layout: np.ndarray | None = None  # conv / batch-norm ops: LAYOUT_NCHW or LAYOUT_NHWC; LAYOUT_NONE elsewhere
+    relayout_bytes: np.ndarray | None = None  # conv ops: activation bytes (Note [Layout cost]); batch-linear like bytes
+    relayout_bytes_per_sample: np.ndarray | None = None
 
     def at_batch(self, batch_size: float) -> tuple[np.ndarray, np.ndarray]:
         """Return (flops, bytes) at `batch_size` (batch-linear arrays) or the stored ones."""
@@ -152,8 +155,25 @@ class OpArrays:
             return self.flops, self.bytes
         return self.flops + self.flops_per_sample * batch_size, self.bytes + self.bytes_per_sample * batch_size
 
+    def relayout_at_batch(self, batch_size: Any) -> np.ndarray:
+        """Return conv ops' activation bytes at `batch_size` (zeros when not recorded)."""
+        act = self.relayout_bytes if self.relayout_bytes is not None else np.zeros(len(self.names))
+        if self.relayout_bytes_per_sample is None:
+            return act
+        return act + self.relayout_bytes_per_sample * batch_size
+
+    def pick(self, idx: np.ndarray) -> OpArrays:
+        """Return the ops at positions `idx` (every per-op column subset alike)."""
+        sub = lambda xs: None if xs is None else xs[idx]  # noqa: E731
+        return OpArrays([self.names[i] for i in idx], [self.category[i] for i in idx],
+                        [self.dtype[i] for i in idx], self.tensor_core[idx], self.phase[idx], self.flops[idx],
+                        self.bytes[idx], sub(self.flops_per_sample), sub(self.bytes_per_sample), sub(self.views_before),
+                        sub(self.plane), sub(self.layout), sub(self.relayout_bytes), sub(self.relayout_bytes_per_sample))
+
 
 _PHASE_ID = {"forward": 0, "backward": 1, "optimizer": 2}
+LAYOUT_NONE, LAYOUT_NCHW, LAYOUT_NHWC = 0, 1, 2
+_LAYOUT_ID = {"": LAYOUT_NONE, "nchw": LAYOUT_NCHW, "nhwc": LAYOUT_NHWC}
 
 
 BATCH_NORM_OPS: frozenset[str] = frozenset({
@@ -185,6 +205,8 @@ def op_arrays(records: Sequence[Any]) -> OpArrays:
         flops=np.array([r.flops for r in records], dtype=np.float64),
         bytes=np.array([r.bytes for r in records], dtype=np.float64),
         plane=np.array([bn_plane(r.name, _first_shape(r)) for r in records], dtype=np.float64),
+        layout=np.array([_LAYOUT_ID.get(getattr(r, "layout", ""), 0) for r in records], dtype=np.int64),
+        relayout_bytes=np.array([float(getattr(r, "relayout_bytes", 0.0)) for r in records], dtype=np.float64),
     )
 
 
@@ -197,6 +219,8 @@ class SpecColumns:
     compute_param: np.ndarray  # index into COMPUTE_PARAMS, -1 for memory-only ops
     mem_param: np.ndarray  # index into MEMORY_PARAMS
     plane: np.ndarray  # batch-norm plane elements (inf elsewhere), Note [Batch-norm plane size]
+    mem_alt: np.ndarray  # index into MEMORY_PARAMS of a second ceiling; the op uses the larger (Note [Layout cost])
+    relayout: np.ndarray  # conv ops in a layout not native to their kernel: tensors cuDNN transposes (0 elsewhere)
     bw: float
     sm_count: int
     clock_hz: float
@@ -225,21 +249,65 @@ def mem_param(category: str, backward: bool) -> str:
 
 
 
+# Note [Layout cost]
+# Memory format (NCHW vs channels_last / NHWC, read from strides: Note [Memory format] in registry.py) changes two
+# things in the time model; fp32 NCHW on a GPU without TF32 (all the calibration data) changes in neither.
+#  1. Convolutions. cuDNN's tensor-core kernels (16-bit on cc >= 7.0, TF32 on cc >= 8.0) are NHWC-native; its
+#     CUDA-core fp32 kernels are NCHW-native. A convolution in the other layout is run by transposing each of its
+#     activation tensors into the native one and the result back (nchwToNhwcKernel / nhwcToNchwKernel in a profile):
+#     forward x and y, backward dy, x and dx, each read and written once. Those transposes are separate
+#     memory-bound kernels, so they add  2 * relayout_bytes / (bw * m_elementwise[_bwd] * b) + n * (mem_lat_cycles /
+#     clock + k0) (n tensors transposed) to the convolution's time. A 1x1 stride-1 convolution needs none: in
+#     either layout it is a plain GEMM over the channel dimension (NCHW: W @ X_n with X_n = C x HW; NHWC: X @ W^T
+#     with X = NHW x C), forward and backward, so its relayout_bytes are 0. Nothing is fitted; cuDNN also picks
+#     different (often worse) main kernels for a foreign layout, which this does not model.
+#  2. Batch norm. NCHW batch norm streams (n, c) planes of H*W elements (Note [Batch-norm plane size]); an NHWC
+#     kernel reads whole channel vectors of every pixel, coalesced whatever H*W is: no plane ramp, and it streams at
+#     least as well as an elementwise kernel of its phase, so its ceiling is max(m_norm[_bwd], m_elementwise[_bwd]).
+#     Fitted NCHW data put large-plane batch-norm backward at m_norm_bwd = 0.28 of bandwidth; NHWC training kernels
+#     (cuDNN's persistent batch norm, PyTorch's channels-last kernels) are plain two-pass streams.
+def native_conv_layout(spec: GPUSpec, dtype: str, tensor_core: bool) -> int:
+    """Return the layout cuDNN's convolution kernels for this dtype on `spec` natively use (LAYOUT_NHWC for tensor
+    cores, LAYOUT_NCHW for CUDA cores; Note [Layout cost])."""
+    tf32 = spec.peak_tflops.get("tf32", 0.0) > 0
+    if dtype in ("fp16", "bf16") and tensor_core and has_tensor_cores(spec) and spec.peak_tflops.get(dtype, 0.0):
+        return LAYOUT_NHWC
+    if dtype in ("fp32", "tf32") and tf32:  # fp32 convolutions run on TF32 tensor cores (Note [Time model])
+        return LAYOUT_NHWC
+    return LAYOUT_NCHW
+
+
 def spec_columns(ops: OpArrays, spec: GPUSpec, tc_rel: float) -> SpecColumns:
     """Return the GPU-dependent per-op constants for `ops` on `spec`."""
     cache: dict[tuple[str, str, bool], float] = {}
-    peaks = np.empty(len(ops.names))
+    n = len(ops.names)
+    peaks = np.empty(n)
     for i, (cat, dt, tc) in enumerate(zip(ops.category, ops.dtype, ops.tensor_core.tolist(), strict=True)):
         key = (cat, dt, tc)
         if key not in cache:
             cache[key] = peak_flops(spec, dt, cat, tc, tc_rel)
         peaks[i] = cache[key]
+    mem = np.array([_MEM_IDX[mem_param(c, bool(ph))] for c, ph in zip(ops.category, ops.phase, strict=True)])
+    plane = ops.plane if ops.plane is not None else np.full(n, np.inf)
+    mem_alt, relayout = mem.copy(), np.zeros(n)
+    if ops.layout is not None and ops.layout.any():  # See Note [Layout cost]
+        nhwc_bn = (ops.layout == LAYOUT_NHWC) & np.isfinite(plane)
+        plane = np.where(nhwc_bn, np.inf, plane)
+        elt = np.array([_MEM_IDX[mem_param("elementwise", bool(ph))] for ph in ops.phase])
+        mem_alt = np.where(nhwc_bn, elt, mem_alt)
+        moved = ops.relayout_at_batch(1.0) > 0  # 1x1 stride-1 convolutions move nothing (registry._needs_relayout)
+        for j in np.flatnonzero((ops.layout != LAYOUT_NONE) & moved):
+            if ops.category[j] == "conv" and ops.layout[j] != native_conv_layout(spec, ops.dtype[j],
+                                                                                 bool(ops.tensor_core[j])):
+                relayout[j] = 3.0 if ops.names[j].endswith("_backward") else 2.0  # dy, x, dx; forward: x, y
     return SpecColumns(
         peak=peaks,
         is_kernel=np.array([c != "view" for c in ops.category]),
         compute_param=np.array([compute_param_index(c, n) for c, n in zip(ops.category, ops.names, strict=True)]),
-        mem_param=np.array([_MEM_IDX[mem_param(c, bool(ph))] for c, ph in zip(ops.category, ops.phase, strict=True)]),
-        plane=ops.plane if ops.plane is not None else np.full(len(ops.names), np.inf),
+        mem_param=mem,
+        plane=plane,
+        mem_alt=mem_alt,
+        relayout=relayout,
         bw=spec.memory_bw_gbps * 1e9,
         sm_count=spec.sm_count,
         clock_hz=spec.boost_clock_mhz * 1e6,
@@ -264,20 +332,35 @@ def plane_efficiency(plane: Any, half: Any) -> torch.Tensor:
     return 1.0 / (1.0 + _t(half) / plane_t)
 
 
-def kernel_seconds(flops: Any, nbytes: Any, cols: SpecColumns, p: dict[str, Any], f: dict[str, Any]) -> torch.Tensor:
+def kernel_seconds(flops: Any, nbytes: Any, cols: SpecColumns, p: dict[str, Any], f: dict[str, Any],
+                   relayout_bytes: Any = None) -> torch.Tensor:
     """Return per-op GPU kernel seconds as a float64 tensor (`p` shared params, `f` per-GPU factors; floats or
-    tensors, so the calibration can differentiate through it)."""
+    tensors, so the calibration can differentiate through it). `relayout_bytes` (conv activation bytes, same shape as
+    `nbytes`) prices layout transposes where cols.relayout says so (Note [Layout cost])."""
     flops, nbytes = _t(flops), _t(nbytes)
     e = torch.stack([_t(p[k]) for k in COMPUTE_PARAMS])
     m = torch.stack([_t(p[k]) for k in MEMORY_PARAMS])
     e_op = e[torch.as_tensor(np.maximum(cols.compute_param, 0))]
-    m_op = m[torch.as_tensor(cols.mem_param)] * plane_efficiency(cols.plane, p["bn_plane_half"])
+    m_ceiling = torch.maximum(m[torch.as_tensor(cols.mem_param)], m[torch.as_tensor(cols.mem_alt)])
+    m_op = m_ceiling * plane_efficiency(cols.plane, p["bn_plane_half"])
     has_compute = torch.as_tensor(cols.compute_param >= 0)
     compute = (flops + p["w_half"] * cols.sm_count) / (torch.as_tensor(cols.peak) * e_op * f["a"])
     compute = torch.where(has_compute, compute, torch.zeros_like(compute))
-    memory = nbytes / (cols.bw * m_op * f["b"]) + p["mem_lat_cycles"] / cols.clock_hz
+    latency = p["mem_lat_cycles"] / cols.clock_hz
+    memory = nbytes / (cols.bw * m_op * f["b"]) + latency
     body = torch.maximum(compute, memory) + p["k0"]
+    if relayout_bytes is not None and cols.relayout.any():
+        relayout = torch.as_tensor(cols.relayout)
+        m_copy = m[torch.as_tensor(np.where(cols.relayout > 0, _relayout_param(cols), 0))]
+        body = body + torch.where(relayout > 0, 2 * _t(relayout_bytes) / (cols.bw * m_copy * f["b"])
+                                  + relayout * (latency + p["k0"]), torch.zeros_like(body))
     return torch.where(torch.as_tensor(cols.is_kernel), body, torch.zeros_like(body))
+
+
+def _relayout_param(cols: SpecColumns) -> np.ndarray:
+    """Return, per op, the MEMORY_PARAMS index a layout transpose streams at: elementwise of the op's phase."""
+    bwd = np.isin(cols.mem_param, [_MEM_IDX[k] for k in MEMORY_PARAMS if k.endswith("_bwd")])
+    return np.where(bwd, _MEM_IDX["m_elementwise_bwd"], _MEM_IDX["m_elementwise"])
 
 
 def compress_views(ops: OpArrays) -> OpArrays:
@@ -287,12 +370,9 @@ def compress_views(ops: OpArrays) -> OpArrays:
     keep = np.flatnonzero(~is_view)
     counts = np.cumsum(is_view)[keep]
     before = np.diff(np.concatenate([[0], counts])) + (ops.views_before[keep] if ops.views_before is not None else 0)
-    pick = lambda xs: [xs[i] for i in keep]  # noqa: E731
-    return OpArrays(pick(ops.names), pick(ops.category), pick(ops.dtype), ops.tensor_core[keep], ops.phase[keep],
-                    ops.flops[keep], ops.bytes[keep],
-                    None if ops.flops_per_sample is None else ops.flops_per_sample[keep],
-                    None if ops.bytes_per_sample is None else ops.bytes_per_sample[keep],
-                    before.astype(np.float64), None if ops.plane is None else ops.plane[keep])
+    out = ops.pick(keep)
+    out.views_before = before.astype(np.float64)
+    return out
 
 
 def host_seconds(ops: OpArrays, p: dict[str, Any], f: dict[str, Any]) -> torch.Tensor:

@@ -28,6 +28,8 @@ from gpemu.errors import GpemuError, UnknownNameError
 from gpemu.estimate import Estimate
 from gpemu.hardware import GPUSpec, get_gpu, list_gpus
 
+MEMORY_FORMATS: tuple[str, ...] = ("nchw", "channels_last")  # as gpemu.workloads.optrace.MEMORY_FORMATS
+
 PREDICT_PHASES: tuple[str, ...] = ("forward", "backward", "backward_only", "optimizer")
 _BASE_BATCHES = (2, 4)  # traced batch sizes from which per-op FLOPs/bytes are extended linearly in the batch size
 
@@ -39,7 +41,8 @@ class _DB(Protocol):
 
 
 @functools.cache
-def batch_linear_ops(model: str, dtype: str = "fp32", optimizer: str = "sgd-gpemu") -> OpArrays:
+def batch_linear_ops(model: str, dtype: str = "fp32", optimizer: str = "sgd-gpemu",
+                     memory_format: str = "nchw") -> OpArrays:
     """Return a model's step ops with FLOPs and bytes linear in the batch size (from traces at batch 2 and 4).
 
     Every op of a training step is per-sample work plus batch-independent work (weights, weight gradients), so
@@ -48,13 +51,13 @@ def batch_linear_ops(model: str, dtype: str = "fp32", optimizer: str = "sgd-gpem
     from gpemu.workloads.optrace import trace_training_step
 
     if dtype == "tf32":  # fp32 tensors; conv/matmul run on TF32 tensor cores (torch.backends.*.allow_tf32 = True)
-        base = batch_linear_ops(model, "fp32", optimizer)
+        base = batch_linear_ops(model, "fp32", optimizer, memory_format)
         compute = {"conv", "conv_grouped", "matmul", "attention"}
         return replace(base, dtype=["tf32" if c in compute else d for c, d in zip(base.category, base.dtype,
                                                                                    strict=True)])
     b1, b2 = _BASE_BATCHES
-    r1 = trace_training_step(model, b1, dtype, optimizer)
-    r2 = trace_training_step(model, b2, dtype, optimizer)
+    r1 = trace_training_step(model, b1, dtype, optimizer, memory_format=memory_format)
+    r2 = trace_training_step(model, b2, dtype, optimizer, memory_format=memory_format)
     if [r.name for r in r1] != [r.name for r in r2]:
         raise GpemuError(f"{model}: the op sequence changes with the batch size; cannot extend it linearly")
     a1, a2 = op_arrays(r1), op_arrays(r2)
@@ -63,6 +66,9 @@ def batch_linear_ops(model: str, dtype: str = "fp32", optimizer: str = "sgd-gpem
     a1.flops_per_sample, a1.bytes_per_sample = f1, by1
     a1.flops = a1.flops - f1 * b1
     a1.bytes = a1.bytes - by1 * b1
+    assert a1.relayout_bytes is not None and a2.relayout_bytes is not None
+    act1 = (a2.relayout_bytes - a1.relayout_bytes) / (b2 - b1)
+    a1.relayout_bytes_per_sample, a1.relayout_bytes = act1, a1.relayout_bytes - act1 * b1
     return a1
 
 
@@ -79,20 +85,15 @@ def _phase_mask(ops: OpArrays, phase: str) -> np.ndarray:
 
 
 def _subset(ops: OpArrays, mask: np.ndarray) -> OpArrays:
-    idx = np.flatnonzero(mask)
-    pick = lambda xs: [xs[i] for i in idx]  # noqa: E731
-    return OpArrays(pick(ops.names), pick(ops.category), pick(ops.dtype), ops.tensor_core[idx], ops.phase[idx],
-                    ops.flops[idx], ops.bytes[idx],
-                    None if ops.flops_per_sample is None else ops.flops_per_sample[idx],
-                    None if ops.bytes_per_sample is None else ops.bytes_per_sample[idx],
-                    plane=None if ops.plane is None else ops.plane[idx])
+    return ops.pick(np.flatnonzero(mask))
 
 
 def model_phase_seconds(spec: GPUSpec, model: str, phase: str, batch_sizes: Sequence[float], dtype: str = "fp32",
-                        params: CostParams | None = None, use_per_gpu: bool = True) -> np.ndarray:
+                        params: CostParams | None = None, use_per_gpu: bool = True,
+                        memory_format: str = "nchw") -> np.ndarray:
     """Return the time model's seconds for one phase at each batch size (no profile involved)."""
     params = params or load_params()
-    all_ops = batch_linear_ops(model, dtype)
+    all_ops = batch_linear_ops(model, dtype, memory_format=memory_format)
     ops = compress_views(_subset(all_ops, _phase_mask(all_ops, phase)))
     cols = spec_columns(ops, spec, params.tc_rel)
     p, f = params.shared, params.factors(spec, use_per_gpu)
@@ -100,8 +101,9 @@ def model_phase_seconds(spec: GPUSpec, model: str, phase: str, batch_sizes: Sequ
     assert ops.flops_per_sample is not None and ops.bytes_per_sample is not None
     flops = ops.flops[None, :] + ops.flops_per_sample[None, :] * batches
     nbytes = ops.bytes[None, :] + ops.bytes_per_sample[None, :] * batches
+    act = ops.relayout_at_batch(batches)
     with torch.no_grad():
-        kern = kernel_seconds(flops, nbytes, cols, p, f)
+        kern = kernel_seconds(flops, nbytes, cols, p, f, act)
         out = phase_seconds(kern, host_seconds(ops, p, f), p, phase)
     return out.numpy()
 
@@ -116,7 +118,7 @@ def predict_ops(gpu: GPUSpec | str, ops: Sequence[Any], params: CostParams | Non
     arrays = op_arrays(ops)
     cols = spec_columns(arrays, spec, params.tc_rel)
     with torch.no_grad():
-        kern = kernel_seconds(arrays.flops, arrays.bytes, cols, params.shared, params.factors(spec))
+        kern = kernel_seconds(arrays.flops, arrays.bytes, cols, params.shared, params.factors(spec), arrays.relayout_bytes)
     return [float(x) for x in kern]
 
 
@@ -173,44 +175,50 @@ def borrow_factors(params: CostParams, gpu_key: str, from_key: str) -> CostParam
 
 def predict_phase(gpu: GPUSpec | str, workload: str, phase: str, batch_size: int, dtype: str = "fp32",
                   db: Any | None = None, params: CostParams | None = None,
-                  exclude_gpus: Sequence[str] = ()) -> Estimate:
+                  exclude_gpus: Sequence[str] = (), memory_format: str = "nchw") -> Estimate:
     """Return seconds for one phase: (a) the db's measured/interpolated row, (b) the nearest measured GPU X (Note
     [Choosing the source GPU]) scaled by model(Y)/model(X) (path "scaled-from:<X>"), or (c) the time model from the
-    spec (path "spec-model")."""
+    spec (path "spec-model"). memory_format="channels_last" prices an NHWC model (Note [Layout cost]); measured
+    rows are NCHW, so they are then only sources: scaled by model(Y, NHWC) / model(X, NCHW), X may be Y itself."""
     spec = get_gpu(gpu)
     if phase not in PREDICT_PHASES:
         raise UnknownNameError("phase", phase, PREDICT_PHASES)
     if batch_size < 1:
         raise GpemuError(f"batch size must be >= 1, got {batch_size}")
-    if db is not None and spec.key not in exclude_gpus:
+    if memory_format not in MEMORY_FORMATS:
+        raise GpemuError(f"unknown memory format {memory_format!r}: use one of {', '.join(MEMORY_FORMATS)}")
+    nchw = memory_format == "nchw"
+    if db is not None and spec.key not in exclude_gpus and nchw:
         hit = _profile_estimate(db, spec, workload, phase, batch_size, dtype)
         if hit is not None:
             return hit
     params = params or load_params()
-    own = float(model_phase_seconds(spec, workload, phase, [batch_size], dtype, params)[0])
+    own = float(model_phase_seconds(spec, workload, phase, [batch_size], dtype, params,
+                                    memory_format=memory_format)[0])
     rows = _db_rows(db) if db is not None else None
     if rows is not None and phase in ("forward", "backward"):
         measured = {k: v for k, v in _measured_on(rows, workload, phase, batch_size, dtype).items()
-                    if k != spec.key and k not in exclude_gpus}
+                    if (k != spec.key or not nchw) and k not in exclude_gpus}
         if measured:
-            x_key = nearest(spec, measured)
+            x_key = spec.key if spec.key in measured else nearest(spec, measured)  # own NCHW row: channels_last
             assert x_key is not None
             x_spec = get_gpu(x_key)
             x_model = float(model_phase_seconds(x_spec, workload, phase, [batch_size], dtype, params)[0])
             if spec.key not in params.per_gpu:  # See Note [Borrowed factors]
                 own = float(model_phase_seconds(spec, workload, phase, [batch_size], dtype,
-                                                borrow_factors(params, spec.key, x_key))[0])
+                                                borrow_factors(params, spec.key, x_key),
+                                                memory_format=memory_format)[0])
             value = measured[x_key] * own / x_model
             return Estimate(value, "s", "predicted", source=f"{x_key} measured {measured[x_key]:.6g} s x model "
                             f"ratio {own / x_model:.4g}", path=f"scaled-from:{x_key}",
                             details={"from_gpu": x_key, "measured_s": measured[x_key], "model_y_s": own,
-                                     "model_x_s": x_model})
+                                     "model_x_s": x_model, "memory_format": memory_format})
     factor_source = params.factor_source(spec)
     factors = ("its own fitted factors" if factor_source == spec.key else
                f"factors of {factor_source} (nearest fitted GPU)" if factor_source else "no per-GPU factors")
     return Estimate(own, "s", "predicted", source=f"gpemu.cost time model, {factors} "
                     f"({params.note or 'fitted.json'})", path="spec-model",
-                    details={"model_s": own, "factors_from": factor_source})
+                    details={"model_s": own, "factors_from": factor_source, "memory_format": memory_format})
 
 
 def catalog_keys() -> list[str]:

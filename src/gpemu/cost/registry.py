@@ -46,6 +46,8 @@ class OpCost:
     category: str
     dtype: str = "fp32"  # compute dtype key: fp32, fp16, bf16, fp64, int
     tensor_core: bool = False  # eligible for tensor cores (16-bit matmul/conv with dims multiple of 8)
+    layout: str = ""  # conv / batch-norm ops: "nchw" or "nhwc" memory format of their 4-D tensors ("" otherwise)
+    relayout_bytes: float = 0.0  # conv ops: activation bytes a layout transpose moves once (Note [Layout cost])
 
 
 CostFn = Callable[[Sequence[Any], dict[str, Any], Any], OpCost]
@@ -95,6 +97,35 @@ def _nbytes(t: torch.Tensor) -> int:
 def io_bytes(args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> int:
     """Return bytes read (every tensor input) plus bytes written (every tensor output); in-place counts twice."""
     return sum(_nbytes(t) for t in _tensors((args, kwargs))) + sum(_nbytes(t) for t in _tensors(out))
+
+
+# Note [Memory format]
+# A 4-D activation's memory format is read from its strides, as cuDNN does: channels_last (NHWC) when its channel
+# stride is 1 and it is not also NCHW-contiguous. Tensors that are both (1x1 spatial, one channel) have no format:
+# any kernel reads them as is. An op is "nhwc" when any of its 4-D tensors is strictly channels_last (PyTorch's
+# cudnn_conv_suggest_memory_format: input or weight), else "nchw" when any is strictly NCHW. The time model uses it
+# for convolutions (a layout other than the kernel's native one costs cuDNN a transpose of every activation
+# tensor) and batch norm (NHWC kernels stream whole channel vectors: no per-plane ramp). See Note [Layout cost] in
+# model.py.
+def tensor_layout(t: torch.Tensor) -> str:
+    """Return "nhwc", "nchw" or "" (not 4-D, or both at once) for one tensor's strides."""
+    if t.dim() != 4:
+        return ""
+    nchw = t.is_contiguous()
+    nhwc = t.is_contiguous(memory_format=torch.channels_last)
+    return "nhwc" if nhwc and not nchw else "nchw" if nchw and not nhwc else ""
+
+
+def op_layout(args: Sequence[Any]) -> str:
+    """Return the memory format an op's 4-D tensors use ("nhwc" if any is channels_last; Note [Memory format])."""
+    seen = ""
+    for t in args:
+        if isinstance(t, torch.Tensor):
+            lay = tensor_layout(t)
+            if lay == "nhwc":
+                return lay
+            seen = seen or lay
+    return seen
 
 
 def _first_float_dtype(args: Sequence[Any]) -> str:
@@ -147,14 +178,23 @@ def _conv_category(x: torch.Tensor, w: torch.Tensor, transposed: bool) -> str:
     return "conv_grouped" if x.dim() > 1 and in_per_group != x.shape[1] else "conv"
 
 
+def _needs_relayout(w: torch.Tensor, stride: Any) -> int:
+    """Return 1 when running this convolution in a foreign memory format takes transposes, 0 for a 1x1 stride-1
+    convolution (a plain GEMM over channels in either format; Note [Layout cost] in model.py)."""
+    strides = stride if isinstance(stride, (list, tuple)) else [stride]
+    return int(any(k != 1 for k in w.shape[2:]) or any(int(s) != 1 for s in strides))
+
+
 @register_cost(aten.convolution, aten._convolution, aten.cudnn_convolution)
 def _conv(args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> OpCost:
     x, w = args[0], args[1]
     transposed = bool(args[6]) if len(args) > 6 and isinstance(args[6], bool) else False
     dt = dtype_key(x.dtype)
     flops = conv_flops(x.shape, w.shape, out.shape, transposed)
-    return OpCost(flops, io_bytes(args, kwargs, out), _conv_category(x, w, transposed), dt,
-                  _tc(dt, w.shape[0], w.shape[1]))
+    nbytes = io_bytes(args, kwargs, out)
+    act = (_nbytes(x) + _nbytes(out)) * _needs_relayout(w, args[3] if len(args) > 3 else 1)  # weights: not moved
+    return OpCost(flops, nbytes, _conv_category(x, w, transposed), dt, _tc(dt, w.shape[0], w.shape[1]),
+                  op_layout((x, w)), act)
 
 
 @register_cost(aten.convolution_backward)
@@ -167,8 +207,11 @@ def _conv_bwd(args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> OpCost:
     one = conv_flops(x.shape, w.shape, grad_out.shape, transposed)
     flops = one * (int(bool(mask[0])) + int(bool(mask[1])))
     dt = dtype_key(x.dtype)
+    grad_in = out[0] if isinstance(out, (list, tuple)) and isinstance(out[0], torch.Tensor) else None
+    act = (_nbytes(grad_out) + _nbytes(x) + (_nbytes(grad_in) if grad_in is not None else 0)) * _needs_relayout(
+        w, args[4])
     return OpCost(flops, io_bytes(args, kwargs, out), _conv_category(x, w, transposed), dt,
-                  _tc(dt, w.shape[0], w.shape[1]))
+                  _tc(dt, w.shape[0], w.shape[1]), op_layout((grad_out, x, w)), act)
 
 
 # -- attention -----------------------------------------------------------------------------------------------------
@@ -225,7 +268,7 @@ def _batch_norm(args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> OpCost
     x = args[0]
     # cuDNN training batch norm: one pass reads x for the statistics, a second reads x and writes y -> 3 * |x|.
     size = _nbytes(x)
-    return OpCost(8 * x.numel(), 3 * size, "norm", dtype_key(x.dtype))
+    return OpCost(8 * x.numel(), 3 * size, "norm", dtype_key(x.dtype), layout=op_layout((x,)))
 
 
 @register_cost(aten.native_batch_norm_backward, aten.cudnn_batch_norm_backward)
@@ -233,7 +276,7 @@ def _batch_norm_bwd(args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> Op
     x = args[1]
     # reduce pass reads dy and x, elementwise pass reads dy and x again and writes dx -> 5 * |x|.
     size = _nbytes(x)
-    return OpCost(12 * x.numel(), 5 * size, "norm", dtype_key(x.dtype))
+    return OpCost(12 * x.numel(), 5 * size, "norm", dtype_key(x.dtype), layout=op_layout((x,)))
 
 
 @register_cost(aten.native_layer_norm, aten.native_group_norm, aten._softmax, aten._log_softmax)

@@ -10,11 +10,13 @@ import torch
 
 from gpemu.cost.model import (
     COMPUTE_PARAMS,
+    LAYOUT_NHWC,
     CostParams,
     bn_plane,
     compute_param_index,
     load_params,
     mem_param,
+    native_conv_layout,
     peak_flops,
     plane_efficiency,
 )
@@ -40,6 +42,8 @@ def _sig(args: Sequence[Any]) -> tuple[Any, ...]:
         if isinstance(a, _Tensor):
             out.append(a.shape)
             out.append(a.dtype)
+            if a.dim() == 4:  # the memory format prices convolutions and batch norm (Note [Layout cost])
+                out.append(a.stride())
         elif isinstance(a, (list, tuple)):
             scalars = True
             for i in a:
@@ -78,9 +82,19 @@ def cost_time_s(cost: OpCost, name: str, spec: GPUSpec, params: CostParams | Non
         peak = peak_flops(spec, cost.dtype, cost.category, cost.tensor_core, params.tc_rel)
         compute = (cost.flops + p["w_half"] * spec.sm_count) / (peak * p[COMPUTE_PARAMS[cidx]] * f["a"])
     backward = name.endswith(("_backward", "_backward_data"))  # the phase is unknown here; named grads are bwd
-    m_eff = p[mem_param(cost.category, backward)] * float(plane_efficiency(plane, p["bn_plane_half"]))
-    memory = cost.bytes / (spec.memory_bw_gbps * 1e9 * m_eff * f["b"]) + p["mem_lat_cycles"] / (spec.boost_clock_mhz * 1e6)
-    return max(compute, memory) + p["k0"]
+    m_ceiling = p[mem_param(cost.category, backward)]
+    m_copy = p[mem_param("elementwise", backward)]
+    if cost.layout == "nhwc" and cost.category == "norm":  # See Note [Layout cost]: no plane ramp, streams
+        plane, m_ceiling = math.inf, max(m_ceiling, m_copy)
+    m_eff = m_ceiling * float(plane_efficiency(plane, p["bn_plane_half"]))
+    bw = spec.memory_bw_gbps * 1e9 * f["b"]
+    latency = p["mem_lat_cycles"] / (spec.boost_clock_mhz * 1e6)
+    total = max(compute, cost.bytes / (bw * m_eff) + latency) + p["k0"]
+    if cost.category == "conv" and cost.layout and cost.relayout_bytes:
+        native = native_conv_layout(spec, cost.dtype, cost.tensor_core)
+        if (cost.layout == "nhwc") != (native == LAYOUT_NHWC):  # cuDNN transposes x, y (dy, x, dx backward)
+            total += 2 * cost.relayout_bytes / (bw * m_copy) + (3 if backward else 2) * (latency + p["k0"])
+    return total
 
 
 def op_time_s(func: Any, args: Sequence[Any], kwargs: dict[str, Any], out: Any, spec: GPUSpec) -> float:

@@ -13,6 +13,7 @@ from gpemu.profiles.db import ProfileDB
 from gpemu.profiles.schema import DTYPES
 
 IMAGE_INPUT_BYTES_PER_SAMPLE = 3 * 224 * 224 * 4  # one 3x224x224 fp32 image, as GPEmu copied it
+MEMORY_FORMATS = ("nchw", "channels_last")  # profiles are NCHW; channels_last goes through the cost model
 TOKEN_INPUT_BYTES_PER_SAMPLE = 512 * 8  # one sequence of 512 int64 token ids (gpemu.workloads.models.SEQ_LEN)
 
 
@@ -49,19 +50,24 @@ def input_bytes(model: str, batch_size: int) -> tuple[int, str]:
     return batch_size * IMAGE_INPUT_BYTES_PER_SAMPLE, f"B x 3x224x224 fp32 = {batch_size} x 602112 bytes"
 
 
-def _predicted_phase(spec: GPUSpec, model: str, phase: str, batch_size: int, dtype: str, db: ProfileDB) -> Estimate:
+def _predicted_phase(spec: GPUSpec, model: str, phase: str, batch_size: int, dtype: str, db: ProfileDB,
+                     memory_format: str = "nchw") -> Estimate:
     try:
         from gpemu.cost.predict import predict_phase
     except ImportError:
         return missing("s", "no profile row and no cost model (gpemu.cost.predict) installed")
     try:
-        return predict_phase(spec, model, phase, batch_size, dtype=dtype, db=db)
+        return predict_phase(spec, model, phase, batch_size, dtype=dtype, db=db, memory_format=memory_format)
     except GpemuError as exc:  # e.g. a workload that is profiled elsewhere but unknown to the cost model
         return missing("s", f"no profile row; cost model: {exc}")
 
 
-def phase_estimate(spec: GPUSpec, model: str, phase: str, batch_size: int, dtype: str, db: ProfileDB) -> Estimate:
-    """Return the profile figure for forward/backward, else the cost model's prediction (or missing)."""
+def phase_estimate(spec: GPUSpec, model: str, phase: str, batch_size: int, dtype: str, db: ProfileDB,
+                   memory_format: str = "nchw") -> Estimate:
+    """Return the profile figure for forward/backward, else the cost model's prediction (or missing); profiles are
+    NCHW, so a channels_last step is always the cost model's (scaled from a profile where one exists)."""
+    if memory_format != "nchw":
+        return _predicted_phase(spec, model, phase, batch_size, dtype, db, memory_format)
     est = db.lookup(spec, model, phase, batch_size, dtype)
     return est if est.ok else _predicted_phase(spec, model, phase, batch_size, dtype, db)
 
@@ -124,19 +130,23 @@ def _json_phase(est: Estimate) -> dict[str, Any]:
 
 
 def predict_step(
-    gpu: str | GPUSpec, model: str, batch_size: int, dtype: str = "fp32", db: ProfileDB | None = None
+    gpu: str | GPUSpec, model: str, batch_size: int, dtype: str = "fp32", db: ProfileDB | None = None,
+    memory_format: str = "nchw",
 ) -> dict[str, Any]:
-    """Return the `gpemu predict --json` object: per-phase seconds with their source, and memory (or None)."""
+    """Return the `gpemu predict --json` object: per-phase seconds with their source, and memory (or None);
+    memory_format "channels_last" prices an NHWC model (Note [Layout cost] in gpemu.cost.model)."""
     spec = get_gpu(gpu)
     db = ProfileDB.default() if db is None else db
     if dtype not in DTYPES:
         raise UnknownNameError("dtype", dtype, DTYPES)
+    if memory_format not in MEMORY_FORMATS:
+        raise GpemuError(f"unknown memory format {memory_format!r}: use one of {', '.join(MEMORY_FORMATS)}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
         raise GpemuError(f"batch size must be an integer >= 1, got {batch_size!r}")
     check_model(model, db)
     phases = {
-        "forward": phase_estimate(spec, model, "forward", batch_size, dtype, db),
-        "backward": phase_estimate(spec, model, "backward", batch_size, dtype, db),
+        "forward": phase_estimate(spec, model, "forward", batch_size, dtype, db, memory_format),
+        "backward": phase_estimate(spec, model, "backward", batch_size, dtype, db, memory_format),
         "h2d": h2d_estimate(spec, model, batch_size, dtype, db),
     }
     return {
@@ -144,6 +154,7 @@ def predict_step(
         "model": model,
         "batch_size": batch_size,
         "dtype": dtype,
+        "memory_format": memory_format,
         "phases": {name: _json_phase(est) for name, est in phases.items()},
         "memory": memory_estimate(spec, model, batch_size, dtype, db),
     }

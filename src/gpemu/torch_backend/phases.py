@@ -56,7 +56,8 @@ def default_lookup(gpu_key: str, workload: str, phase: str, batch_size: int, dty
     return float(est.value)
 
 
-def predicted_phase(gpu_key: str, workload: str, phase: str, batch_size: int, dtype: str) -> tuple[float, str] | None:
+def predicted_phase(gpu_key: str, workload: str, phase: str, batch_size: int, dtype: str,
+                    memory_format: str = "nchw") -> tuple[float, str] | None:
     """Return (seconds, path) of gpemu.cost.predict_phase for one phase, or None (see Note [Phase predictions])."""
     if os.environ.get("GPEMU_PHASE_PREDICT", "1") == "0" or phase not in ("forward", "backward"):
         return None
@@ -68,7 +69,7 @@ def predicted_phase(gpu_key: str, workload: str, phase: str, batch_size: int, dt
             db = ProfileDB.default()
         except Exception:  # no or unreadable profiles: the spec model still answers
             db = None
-        est = predict_phase(gpu_key, workload, phase, batch_size, dtype, db=db)
+        est = predict_phase(gpu_key, workload, phase, batch_size, dtype, db=db, memory_format=memory_format)
     except Exception:  # a model the zoo cannot build, an unknown dtype: stay on per-op predictions
         return None
     return float(est.value), str(est.path or "predicted")
@@ -92,6 +93,17 @@ def _input_matches(workload: str, batch: torch.Tensor) -> bool:
     calibration]: GPEmu's rows and the zoo are 3x224x224 images; another resolution is another workload)."""
     expected = _profiled_input(workload)
     return expected is None or tuple(batch.shape[1:]) == expected
+
+
+def _channels_last_step(module: torch.nn.Module, batch: torch.Tensor) -> bool:
+    """Return True when the step runs in channels_last: its 4-D input batch or the model's first 4-D parameter (a
+    conv weight after model.to(memory_format=torch.channels_last)) is strictly NHWC (Note [Memory format])."""
+    from gpemu.cost.registry import tensor_layout
+
+    if batch.dim() == 4 and tensor_layout(batch) == "nhwc":
+        return True
+    weight = next((p for p in module.parameters() if p.dim() == 4 and tensor_layout(p)), None)
+    return weight is not None and tensor_layout(weight) == "nhwc"
 
 
 def _replica_thread() -> bool:
@@ -213,17 +225,17 @@ class PhaseTracker:
         self.model = model
         self.lookup = lookup or default_lookup
         self.predict_phases = lookup is None or lookup is default_lookup  # Note [Phase predictions]
-        self.basis: dict[tuple[str, int, str, str], str] = {}  # target -> "measured" or the prediction path
+        self.basis: dict[tuple[str, int, str, str, str], str] = {}  # target -> "measured" or the prediction path
         self.phase = "setup"
         self.top: torch.nn.Module | None = None
-        self.key: tuple[str, int, str] | None = None  # (workload, batch size, dtype) of the current step
+        self.key: tuple[str, int, str, str] | None = None  # (workload, batch size, dtype, memory format) of a step
         self.sums: dict[str, float] = {"forward": 0.0, "backward": 0.0}
-        self.prev: dict[tuple[str, int, str, str], float] = {}
+        self.prev: dict[tuple[str, int, str, str, str], float] = {}
         self.scale: float | None = None
         self.args: dict[str, object] = _PREDICTED_ARGS
         self.steps = 0
         self.workloads: dict[int, str | None] = {}
-        self._targets: dict[tuple[str, int, str, str], float | None] = {}
+        self._targets: dict[tuple[str, int, str, str, str], float | None] = {}
         self._handles: list[Any] = []
         self._param_cache: dict[int, bool] = {}
 
@@ -277,7 +289,8 @@ class PhaseTracker:
             workload = None
         emu = state.current_emulation()
         dtype = "amp" if emu is not None and emu.autocast_dtype() is not None else "fp32"
-        self.key = (workload, int(batch.shape[0]) if batch.dim() else 1, dtype) if workload else None
+        fmt = "channels_last" if _channels_last_step(module, batch) else "nchw"
+        self.key = (workload, int(batch.shape[0]) if batch.dim() else 1, dtype, fmt) if workload else None
         self._begin("forward")
         self.steps += 1
 
@@ -327,13 +340,14 @@ class PhaseTracker:
             self.workloads[key] = identify_model(module)
         return self.workloads[key]
 
-    def _target(self, full: tuple[str, int, str, str]) -> float | None:
+    def _target(self, full: tuple[str, int, str, str, str]) -> float | None:
         if full not in self._targets:
-            workload, batch, dtype, phase = full
-            target = self.lookup(self.gpu_key, workload, phase, batch, dtype)
+            workload, batch, dtype, fmt, phase = full
+            # profiles are NCHW steps: a channels_last step is priced by the cost model (Note [Layout cost])
+            target = self.lookup(self.gpu_key, workload, phase, batch, dtype) if fmt == "nchw" else None
             self.basis[full] = "measured"
             if target is None and self.predict_phases:
-                got = predicted_phase(self.gpu_key, workload, phase, batch, dtype)
+                got = predicted_phase(self.gpu_key, workload, phase, batch, dtype, fmt)
                 if got is not None:
                     target, self.basis[full] = got
             self._targets[full] = target
@@ -344,11 +358,16 @@ class PhaseTracker:
         return {
             "workloads": sorted({w for w in self.workloads.values() if w} | ({self.model} if self.model else set())),
             "steps": self.steps,
-            "calibrated": {"/".join(map(str, k)): v for k, v in self._targets.items()
+            "calibrated": {_label(k): v for k, v in self._targets.items()
                            if v is not None and self.basis.get(k) == "measured"},
-            "phase_predicted": {"/".join(map(str, k)): [v, self.basis.get(k)] for k, v in self._targets.items()
+            "phase_predicted": {_label(k): [v, self.basis.get(k)] for k, v in self._targets.items()
                                 if v is not None and self.basis.get(k) != "measured"},
         }
+
+
+def _label(key: tuple[str, int, str, str, str]) -> str:
+    """Return "workload/batch/dtype[/channels_last]/phase" for a phase target (NCHW, the default, unnamed)."""
+    return "/".join(str(part) for part in key if part != "nchw")
 
 
 def model_from_env() -> str | None:

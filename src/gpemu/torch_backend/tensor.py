@@ -289,8 +289,8 @@ _mutable: dict[Any, bool] = {}
 
 
 def _signature(x: Any) -> Any:
-    if isinstance(x, torch.Tensor):
-        return (tuple(x.shape), x.dtype)
+    if isinstance(x, torch.Tensor):  # 4-D strides: the memory format prices convolutions (Note [Memory format])
+        return (tuple(x.shape), x.dtype, x.stride() if x.dim() == 4 else None)
     if isinstance(x, (list, tuple)):
         return tuple(_signature(v) for v in x)
     if isinstance(x, dict):  # kwargs: out= tensors are keyed by shape, never by repr (Tensor.__repr__ is slow)

@@ -16,11 +16,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from gpemu.cost.registry import op_cost, op_name
-from gpemu.errors import UnknownNameError
+from gpemu.cost.registry import op_cost, op_name, tensor_layout
+from gpemu.errors import GpemuError, UnknownNameError
 from gpemu.paths import cache_dir
 
-TRACE_VERSION = 5  # bump when what a trace records changes (invalidates the disk cache)
+TRACE_VERSION = 6  # bump when what a trace records changes (invalidates the disk cache)
 TRACE_DTYPES: tuple[str, ...] = ("fp32", "fp16", "bf16", "amp", "amp_bf16")
 OPTIMIZERS: tuple[str, ...] = ("sgd", "sgd-gpemu", "adam", "adamw")
 # Note [GPEmu-era step]
@@ -30,6 +30,7 @@ OPTIMIZERS: tuple[str, ...] = ("sgd", "sgd-gpemu", "adam", "adamw")
 # _foreach_zero_), backward accumulates into them (one add_ per parameter), and SGD-momentum runs the per-parameter
 # loop (mul_, add_ on the momentum buffer, add_ on the parameter). The calibration fits on "sgd-gpemu" traces.
 TRACE_PHASES: tuple[str, ...] = ("forward", "backward", "optimizer")
+MEMORY_FORMATS: tuple[str, ...] = ("nchw", "channels_last")  # "nchw" = torch.contiguous_format
 InputsFn = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -47,6 +48,8 @@ class OpRecord:
     in_shapes: tuple[tuple[int, ...], ...]
     out_shapes: tuple[tuple[int, ...], ...]
     in_dtypes: tuple[str, ...] = ()
+    layout: str = ""  # conv / batch-norm ops: "nchw" or "nhwc" (Note [Memory format] in gpemu.cost.registry)
+    relayout_bytes: float = 0.0  # conv ops: activation bytes (what a cuDNN layout transpose reads and writes once)
 
     @property
     def gpemu_phase(self) -> str:
@@ -70,6 +73,25 @@ def _shapes(tree: Any) -> tuple[tuple[tuple[int, ...], ...], tuple[str, ...]]:
     return tuple(shapes), tuple(dtypes)
 
 
+_CONV_OPS = frozenset({torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default})
+
+
+def _conv_memory_format(func: Any, args: Sequence[Any], out: Any) -> Any:
+    """Return a convolution's outputs in channels_last when cuDNN would give them that format: meta's shape function
+    takes the CPU route and returns NCHW (Note [Routing on meta]); CUDA picks channels_last when the input or the
+    weight is channels_last (cudnn_conv_suggest_memory_format), for the output, grad_input and grad_weight."""
+    if func not in _CONV_OPS:
+        return out
+    tensors = [a for a in args[:3] if isinstance(a, torch.Tensor)]
+    if not any(tensor_layout(t) == "nhwc" for t in tensors):
+        return out
+    to_cl = lambda t: (t.contiguous(memory_format=torch.channels_last)  # noqa: E731
+                       if isinstance(t, torch.Tensor) and t.dim() == 4 else t)
+    if isinstance(out, tuple):
+        return tuple(to_cl(t) for t in out)
+    return to_cl(out)
+
+
 class _Recorder(TorchDispatchMode):
     """Records every aten op with its cost; `phase` is switched by the driver."""
 
@@ -80,12 +102,13 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
+        out = _conv_memory_format(func, args, func(*args, **kwargs))
         cost = op_cost(func, args, kwargs, out)
         in_shapes, in_dtypes = _shapes((list(args), list(kwargs.values())))
         out_shapes, _ = _shapes(out)
         self.records.append(OpRecord(op_name(func), self.phase, cost.category, float(cost.flops), float(cost.bytes),
-                                     cost.dtype, cost.tensor_core, in_shapes, out_shapes, in_dtypes))
+                                     cost.dtype, cost.tensor_core, in_shapes, out_shapes, in_dtypes, cost.layout,
+                                     float(cost.relayout_bytes)))
         return out
 
 
@@ -187,11 +210,13 @@ def _routing(amp_dtype: torch.dtype | None) -> Iterator[None]:
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-def _check(dtype: str, optimizer: str) -> None:
+def _check(dtype: str, optimizer: str, memory_format: str = "nchw") -> None:
     if dtype not in TRACE_DTYPES:
         raise UnknownNameError("dtype", dtype, TRACE_DTYPES)
     if optimizer not in OPTIMIZERS:
         raise UnknownNameError("optimizer", optimizer, OPTIMIZERS)
+    if memory_format not in MEMORY_FORMATS:
+        raise GpemuError(f"unknown memory format {memory_format!r}: use one of {', '.join(MEMORY_FORMATS)}")
 
 
 def _make_optimizer(name: str, params: list[nn.Parameter]) -> torch.optim.Optimizer:
@@ -209,7 +234,7 @@ def _make_optimizer(name: str, params: list[nn.Parameter]) -> torch.optim.Optimi
 
 
 def _trace_uncached(model: nn.Module, name: str, batch_size: int, dtype: str, optimizer: str,
-                    inputs_fn: InputsFn | None = None) -> list[OpRecord]:
+                    inputs_fn: InputsFn | None = None, memory_format: str = "nchw") -> list[OpRecord]:
     from gpemu.workloads.models import example_batch, loss_fn, model_kind
 
     if dtype in ("fp16", "bf16"):
@@ -222,6 +247,10 @@ def _trace_uncached(model: nn.Module, name: str, batch_size: int, dtype: str, op
         inputs, targets = example_batch(name if kind == "lm" else "resnet18", batch_size, device="meta")
     if dtype in ("fp16", "bf16") and inputs.is_floating_point():
         inputs = inputs.to(_DTYPES[dtype])
+    if memory_format == "channels_last":  # what a user's script does: model.to(...) and images.to(...)
+        model = model.to(memory_format=torch.channels_last)
+        if inputs.dim() == 4:
+            inputs = inputs.contiguous(memory_format=torch.channels_last)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = _make_optimizer(optimizer, params)
     legacy = optimizer == "sgd-gpemu"  # See Note [GPEmu-era step]
@@ -272,11 +301,13 @@ def build_on_meta(name: str) -> nn.Module:
         nn.Module.register_buffer = old_buffer  # type: ignore[method-assign, assignment]
 
 
-def _cache_path(model: str, batch_size: int, dtype: str, optimizer: str) -> Path:
-    key = f"{model}|{batch_size}|{dtype}|{optimizer}|{torch.__version__}|v{TRACE_VERSION}"
+def _cache_path(model: str, batch_size: int, dtype: str, optimizer: str, memory_format: str = "nchw") -> Path:
+    fmt = "" if memory_format == "nchw" else f"|{memory_format}"
+    key = f"{model}|{batch_size}|{dtype}|{optimizer}{fmt}|{torch.__version__}|v{TRACE_VERSION}"
     digest = hashlib.sha1(key.encode()).hexdigest()[:16]
     safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in model)
-    return cache_dir() / "optrace" / f"{safe}-b{batch_size}-{dtype}-{optimizer}-{digest}.json"
+    suffix = "" if memory_format == "nchw" else f"-{memory_format}"
+    return cache_dir() / "optrace" / f"{safe}-b{batch_size}-{dtype}-{optimizer}{suffix}-{digest}.json"
 
 
 def _load(path: Path) -> list[OpRecord] | None:
@@ -302,25 +333,26 @@ def _store(path: Path, records: list[OpRecord]) -> None:
 
 def trace_training_step(model_name_or_module: str | nn.Module, batch_size: int, dtype: str = "fp32",
                         optimizer: str = "sgd", cache: bool = True,
-                        inputs_fn: InputsFn | None = None) -> list[OpRecord]:
+                        inputs_fn: InputsFn | None = None, memory_format: str = "nchw") -> list[OpRecord]:
     """Return the aten ops of one training step (forward, loss, zero_grad, backward, optimizer step), traced on meta.
 
     Zoo names (and "module:factory" refs) are cached on disk under platformdirs.user_cache_dir("gpemu") (or
-    $GPEMU_CACHE_DIR) keyed by (model, batch, dtype, optimizer, torch version); modules are traced every time.
-    `inputs_fn(batch_size) -> (inputs, targets)` on meta overrides the zoo's example batch (default: images).
+    $GPEMU_CACHE_DIR) keyed by (model, batch, dtype, optimizer, memory format, torch version); modules are traced
+    every time. `inputs_fn(batch_size) -> (inputs, targets)` on meta overrides the zoo's example batch (default:
+    images). memory_format="channels_last" converts the model and a 4-D input batch to NHWC first.
     """
-    _check(dtype, optimizer)
+    _check(dtype, optimizer, memory_format)
     if isinstance(model_name_or_module, nn.Module):
         module = model_name_or_module
         if any(p.device.type != "meta" for p in module.parameters()):
             module = module.to("meta")
-        return _trace_uncached(module, "<module>", batch_size, dtype, optimizer, inputs_fn)
+        return _trace_uncached(module, "<module>", batch_size, dtype, optimizer, inputs_fn, memory_format)
     name = model_name_or_module
-    path = _cache_path(name, batch_size, dtype, optimizer)
+    path = _cache_path(name, batch_size, dtype, optimizer, memory_format)
     if cache and (hit := _load(path)) is not None:
         return hit
     module = build_on_meta(name)
-    records = _trace_uncached(module, name, batch_size, dtype, optimizer)
+    records = _trace_uncached(module, name, batch_size, dtype, optimizer, memory_format=memory_format)
     if cache:
         with contextlib.suppress(OSError):  # a read-only cache dir costs speed, not correctness
             _store(path, records)

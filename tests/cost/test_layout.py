@@ -1,0 +1,138 @@
+"""Memory format (NCHW vs channels_last): Note [Memory format] in registry.py, Note [Layout cost] in model.py."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from gpemu.cost.model import LAYOUT_NCHW, LAYOUT_NHWC, load_params, native_conv_layout, spec_columns
+from gpemu.cost.predict import batch_linear_ops, model_phase_seconds, predict_phase
+from gpemu.cost.registry import op_cost, op_layout, tensor_layout
+from gpemu.cost.roofline import cost_time_s
+from gpemu.errors import GpemuError
+from gpemu.hardware import get_gpu
+
+aten = torch.ops.aten
+CL = torch.channels_last
+
+
+def _conv(x: torch.Tensor, w: torch.Tensor, stride: int = 1) -> tuple[tuple, torch.Tensor]:
+    pad = w.shape[-1] // 2
+    args = (x, w, None, [stride, stride], [pad, pad], [1, 1], False, [0, 0], 1)
+    return args, aten.convolution.default(*args)
+
+
+def test_layout_is_read_from_strides() -> None:
+    x = torch.empty(2, 16, 8, 8, device="meta")
+    assert tensor_layout(x) == "nchw"
+    assert tensor_layout(x.contiguous(memory_format=CL)) == "nhwc"
+    assert tensor_layout(torch.empty(2, 16, 1, 1, device="meta")) == ""  # both formats at once: no format
+    assert tensor_layout(torch.empty(2, 16, device="meta")) == ""
+    # an NCHW input with a channels_last weight runs channels_last (cudnn_conv_suggest_memory_format)
+    w = torch.empty(32, 16, 3, 3, device="meta").contiguous(memory_format=CL)
+    assert op_layout((x, w)) == "nhwc"
+
+
+def test_conv_relayout_bytes() -> None:
+    x = torch.empty(2, 16, 8, 8, device="meta", dtype=torch.float16)
+    w3 = torch.empty(32, 16, 3, 3, device="meta", dtype=torch.float16)
+    args, out = _conv(x, w3)
+    cost = op_cost(aten.convolution.default, args, {}, out)
+    # x: 2*16*8*8 * 2 bytes = 4096; y: 2*32*8*8 * 2 bytes = 8192 -> 12288 (the weight is not transposed)
+    assert (cost.layout, cost.relayout_bytes) == ("nchw", 12288)
+    w1 = torch.empty(32, 16, 1, 1, device="meta", dtype=torch.float16)
+    args, out = _conv(x, w1)
+    assert op_cost(aten.convolution.default, args, {}, out).relayout_bytes == 0  # 1x1 stride 1: a GEMM either way
+    args, out = _conv(x, w1, stride=2)
+    # stride 2: x 4096 + y 2*32*4*4 * 2 = 2048 -> 6144
+    assert op_cost(aten.convolution.default, args, {}, out).relayout_bytes == 6144
+
+
+def test_native_conv_layout_per_arch() -> None:
+    v100, a100 = get_gpu("v100-sxm2-32gb"), get_gpu("a100")
+    assert native_conv_layout(v100, "fp16", True) == LAYOUT_NHWC  # tensor cores
+    assert native_conv_layout(v100, "fp32", False) == LAYOUT_NCHW  # CUDA cores: all the calibration data
+    assert native_conv_layout(a100, "fp32", False) == LAYOUT_NHWC  # TF32 tensor cores
+    assert native_conv_layout(get_gpu("p100-pcie-16gb"), "fp16", True) == LAYOUT_NCHW  # no tensor cores
+
+
+def _conv_pair(dtype: torch.dtype) -> tuple[float, float, float]:
+    """Return (NCHW seconds, NHWC seconds, relayout bytes) of one 3x3 conv on a V100-SXM2."""
+    spec = get_gpu("v100-sxm2-32gb")
+    x = torch.empty(32, 64, 56, 56, device="meta", dtype=dtype)
+    w = torch.empty(64, 64, 3, 3, device="meta", dtype=dtype)
+    a_nchw, o_nchw = _conv(x, w)
+    a_nhwc, o_nhwc = _conv(x.contiguous(memory_format=CL), w.contiguous(memory_format=CL))
+    c_nchw = op_cost(aten.convolution.default, a_nchw, {}, o_nchw)
+    c_nhwc = op_cost(aten.convolution.default, a_nhwc, {}, o_nhwc)
+    assert c_nhwc.layout == "nhwc" and c_nchw.relayout_bytes == c_nhwc.relayout_bytes
+    return (cost_time_s(c_nchw, "convolution", spec), cost_time_s(c_nhwc, "convolution", spec),
+            c_nchw.relayout_bytes)
+
+
+def test_foreign_layout_pays_two_transposes() -> None:
+    params = load_params()
+    p, f = params.shared, params.factors(get_gpu("v100-sxm2-32gb"))
+    bw = 900e9 * f["b"]  # V100 HBM2 900 GB/s times the borrowed memory factor
+    latency = p["mem_lat_cycles"] / 1530e6  # cycles at the 1530 MHz boost clock
+    # fp16: NHWC is native; NCHW adds x and y read + written once: 2 * relayout / (bw * m_elementwise) + 2 launches
+    nchw, nhwc, moved = _conv_pair(torch.float16)
+    assert moved == (32 * 64 * 56 * 56 * 2) * 2  # x and y, 12.8 MB each in fp16
+    transposes = 2 * moved / (bw * p["m_elementwise"]) + 2 * (latency + p["k0"])
+    assert nchw - nhwc == pytest.approx(transposes, rel=1e-9)
+    # fp32 on CUDA cores: NCHW is native, NHWC pays the same transposes of twice the bytes
+    nchw32, nhwc32, moved32 = _conv_pair(torch.float32)
+    assert moved32 == 2 * moved
+    assert nhwc32 - nchw32 == pytest.approx(2 * moved32 / (bw * p["m_elementwise"]) + 2 * (latency + p["k0"]),
+                                            rel=1e-9)
+
+
+def test_nhwc_batch_norm_has_no_plane_ramp() -> None:
+    params = load_params()
+    spec = get_gpu("a100")
+    p, f = params.shared, params.factors(spec)
+    x = torch.empty(64, 256, 7, 7, device="meta", dtype=torch.float16)
+    w = torch.empty(256, device="meta")
+    args = (x, w, w, w.clone(), w.clone(), True, 0.1, 1e-5)
+    cost = op_cost(aten.native_batch_norm.default, args, {}, None)
+    cost_cl = op_cost(aten.native_batch_norm.default, (x.contiguous(memory_format=CL), *args[1:]), {}, None)
+    assert (cost.layout, cost_cl.layout, cost.bytes) == ("nchw", "nhwc", 3 * 64 * 256 * 49 * 2)
+    fixed = p["mem_lat_cycles"] / 1410e6 + p["k0"]
+    bw = 2039e9 * f["b"]
+    ramp = 49 / (49 + p["bn_plane_half"])  # 7x7 planes: well below the ramp's half point
+    assert cost_time_s(cost, "native_batch_norm", spec, plane=49.0) == pytest.approx(
+        cost.bytes / (bw * p["m_norm"] * ramp) + fixed, rel=1e-9)
+    # NHWC: the plane is ignored, the ceiling is max(m_norm, m_elementwise)
+    m_nhwc = max(p["m_norm"], p["m_elementwise"])
+    assert cost_time_s(cost_cl, "native_batch_norm", spec, plane=49.0) == pytest.approx(
+        cost.bytes / (bw * m_nhwc) + fixed, rel=1e-9)
+
+
+def test_fp32_nchw_columns_unchanged_on_calibration_gpus() -> None:
+    ops = batch_linear_ops("resnet18", "fp32")
+    for gpu in ("k80", "m40", "p100-pcie-16gb", "quadro-rtx-6000", "v100-pcie-32gb"):
+        cols = spec_columns(ops, get_gpu(gpu), 0.5)
+        assert not cols.relayout.any() and (cols.mem_alt == cols.mem_param).all()
+        assert np.isfinite(cols.plane).sum() == 2 * 20 + 0  # 20 batch norms, forward and backward, keep their ramp
+
+
+def test_channels_last_amp_step_is_faster_than_nchw() -> None:
+    spec = get_gpu("a100")
+    nchw = model_phase_seconds(spec, "resnet18", "backward", [64], "amp")[0]
+    nhwc = model_phase_seconds(spec, "resnet18", "backward", [64], "amp", memory_format="channels_last")[0]
+    assert nhwc < nchw
+    ops = batch_linear_ops("resnet18", "amp", memory_format="channels_last")
+    kinds = {n: set() for n in ("convolution", "native_batch_norm")}
+    for name, lay in zip(ops.names, ops.layout, strict=True):
+        if name in kinds:
+            kinds[name].add(int(lay))
+    assert kinds == {"convolution": {LAYOUT_NHWC}, "native_batch_norm": {LAYOUT_NHWC}}  # conv outputs follow
+    assert math.isfinite(nhwc)
+
+
+def test_unknown_memory_format() -> None:
+    with pytest.raises(GpemuError, match="channels_last"):
+        predict_phase("a100", "resnet18", "forward", 8, memory_format="nhwc8")
