@@ -48,7 +48,7 @@ def _fit_cached(tag: str, rows: pd.DataFrame, steps: int, use_cache: bool, per_g
     path = _cache_file(tag, steps)
     if use_cache and path.exists():
         d = json.loads(path.read_text())
-        return CostParams(d["shared"], d["per_gpu"], d["tc_rel"], d["note"])
+        return CostParams(d["shared"], d["per_gpu"], note=d["note"])  # fp32 rows: tensor cores play no part
     params = fit(rows, steps=steps, per_gpu=per_gpu)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(params.to_json()))

@@ -3,27 +3,144 @@
 Usage: .venv/bin/python bench/published_validation.py [--json]
 
 Every reference below is a number a third party measured on real hardware and published; each row names where.
-Predictions use only gpemu's packaged model (no profiles): `predict_phase` on the spec path, forward + backward
-(GPEmu's "backward" = loss + zero_grad + backward + optimizer step) for training, forward for inference. Caveats the
-table cannot hide: NVIDIA's numbers are whole pipelines (DALI data loading, their training script), AMP runs there
-use channels_last (NHWC) memory format, which gpemu does not model, and gpemu's inference forward is priced like a
-training-mode forward. Prints errors, not verdicts; nothing here is used to fit the model.
+Three tables:
+  1. GEMM: published large-matmul TFLOPS (tensor cores). The one constant fitted here, tc_eff (Note [Tensor-core
+     efficiency] in gpemu/cost/model.py), is fitted on these rows; each row's leave-one-out error (tc_eff fitted
+     on the other rows) is printed, and the all-rows fit is what src/gpemu/cost/fitted.json carries.
+  2. Transformer layers (bench/_transformer_layers.py): best TFLOPS over a published batch x sequence grid.
+  3. Whole models (img/s): `predict_phase` on the spec path, forward + backward (GPEmu's "backward" = loss +
+     zero_grad + backward + optimizer step) for training, forward for inference; NHWC rows are predicted with
+     memory_format="channels_last".
+Tables 2 and 3 are not used by any fit. Caveats the tables cannot hide: NVIDIA's numbers are whole pipelines (DALI
+data loading, their training script), and gpemu's inference forward is priced like a training-mode forward (batch
+norm in training mode: three passes where eval mode makes two). Prints errors, not verdicts.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 from rich.console import Console
 from rich.table import Table
 
+from gpemu.cost.model import CostParams, load_params, peak_flops
 from gpemu.cost.predict import predict_phase
+from gpemu.cost.registry import OpCost
+from gpemu.cost.roofline import cost_time_s
+from gpemu.hardware import get_gpu
 
 DLE = "NVIDIA/DeepLearningExamples PyTorch/Classification/ConvNets/resnet50v1.5/README.md (pytorch-21.03 NGC)"
 DLE_CFG = "batch sizes from PyTorch/Classification/ConvNets/configs.yml"
+DLE1910 = ("NVIDIA/DeepLearningExamples PyTorch/Classification/ConvNets/resnet50v1.5/README.md at 3bbe228 "
+           "(pytorch-19.10 NGC, APEX AMP, NCHW; --amp default batch 256)")
 SKB = "sandeepkumar-skb/pytorch_experiments torchvision_exp/README.md (torchvision resnet50, batch 128)"
+MLI = ("mli/transformers-benchmarks README.md 'Micro-Benchmarking Summary' (micro_bench.ipynb: square n=8192 "
+       "matmul, NGC pytorch:22.07, whose fp32 matmul runs TF32)")
+MAMF = ("stas00/ml-engineering compute/accelerator/README.md 'Maximum Achievable Matmul FLOPS comparison table', "
+        "BF16 (mean of 100 iterations at the best shape found)")
+MAG = "mag-/gpu_benchmark README.md 'Stats' (mamf-finder with optuna, best shape)"
+
+
+@dataclass(frozen=True)
+class GemmReference:
+    """One published matmul throughput: TFLOPS of an (m x k) @ (k x n) product on a GPU."""
+
+    gpu: str
+    dtype: str  # fp16, bf16, tf32 (tensor cores) or fp32 (CUDA cores: a check, never in the fit)
+    m: int
+    n: int
+    k: int
+    tflops: float
+    source: str
+
+
+GEMMS: tuple[GemmReference, ...] = (
+    GemmReference("v100-sxm2-32gb", "fp16", 8192, 8192, 8192, 95.0, f"{MLI}, V100 16GB"),
+    GemmReference("a100-sxm4-80gb", "fp16", 8192, 8192, 8192, 230.0, f"{MLI}, A100 80GB"),
+    GemmReference("a100-sxm4-80gb", "tf32", 8192, 8192, 8192, 116.0, f"{MLI}, A100 80GB"),
+    GemmReference("a100-sxm4-80gb", "bf16", 1024, 10240, 5120, 271.2, f"{MAMF}, A100 SXM, torch 2.6.0+cu126"),
+    GemmReference("a100-pcie-40gb", "bf16", 2048, 5120, 6144, 252.9, f"{MAMF}, A100 PCIe, torch 2.5.1+cu124"),
+    GemmReference("h100-sxm5-80gb", "bf16", 2048, 2048, 13312, 794.5, f"{MAMF}, H100 SXM, torch 2.7.0+cu126"),
+    GemmReference("h100-pcie-80gb", "bf16", 6912, 16384, 2048, 499.5, f"{MAG}, H100 PCIe"),
+    GemmReference("b200", "bf16", 1792, 16128, 3072, 1745.0, f"{MAMF}, B200 SXM, torch 2.7.1+cu128"),
+    GemmReference("v100-sxm2-32gb", "fp32", 8192, 8192, 8192, 14.0, f"{MLI}, V100 16GB (CUDA cores)"),
+)
+@dataclass(frozen=True)
+class StreamReference:
+    """One published streaming-kernel bandwidth: `a * 1.2` on a large fp32 vector (read + write, 8 bytes/element)."""
+
+    gpu: str
+    datasheet_gbps: float  # the GPU's datasheet memory bandwidth (the two not in gpemu's catalog are named here)
+    tflops: float  # as published: elements per second / 1e12
+    source: str
+
+    @property
+    def efficiency(self) -> float:
+        """Return achieved / datasheet bandwidth."""
+        return self.tflops * 1e12 * 8 / 1e9 / self.datasheet_gbps
+
+
+MLI_VEC = "mli/transformers-benchmarks README.md 'VectorMul' (micro_bench.ipynb: a * 1.2, 4 Mi fp32 elements)"
+STREAMS: tuple[StreamReference, ...] = (
+    StreamReference("a100-sxm4-80gb", 2039.0, 0.202, f"{MLI_VEC}, A100 80GB"),
+    StreamReference("rtx-a6000 (768 GB/s, not in the catalog)", 768.0, 0.082, f"{MLI_VEC}, A6000"),
+    StreamReference("v100-sxm2-32gb", 900.0, 0.098, f"{MLI_VEC}, V100 16GB"),
+    StreamReference("rtx-3090-ti (1008 GB/s, not in the catalog)", 1008.0, 0.107, f"{MLI_VEC}, 3090 Ti"),
+)
+
+
+def fit_m_stream(refs: Sequence[StreamReference]) -> float:
+    """Return m_stream fitted on streaming rows: the geometric mean of their efficiencies (Note [16-bit
+    streaming])."""
+    return math.exp(sum(math.log(r.efficiency) for r in refs) / len(refs))
+
+
+_ELEMENT_BYTES = {"fp16": 2, "bf16": 2, "tf32": 4, "fp32": 4}
+
+
+def _gemm_cost(ref: GemmReference) -> OpCost:
+    flops = 2 * ref.m * ref.n * ref.k
+    nbytes = (ref.m * ref.k + ref.k * ref.n + ref.m * ref.n) * _ELEMENT_BYTES[ref.dtype]
+    return OpCost(flops, nbytes, "matmul", ref.dtype, tensor_core=True)
+
+
+def predicted_gemm_tflops(ref: GemmReference, params: CostParams) -> float:
+    """Return gpemu's predicted TFLOPS for one GEMM reference (the fitted op model, Note [Time model])."""
+    cost = _gemm_cost(ref)
+    return cost.flops / cost_time_s(cost, "mm", get_gpu(ref.gpu), params) / 1e12
+
+
+def implied_tc_eff(ref: GemmReference, params: CostParams) -> float:
+    """Return the tc_eff at which the model's compute time equals the published one: (F + w_half * SMs) /
+    (peak * (t - k0)), t = F / published FLOP/s (the rows are compute-bound; the bench checks that)."""
+    spec, cost = get_gpu(ref.gpu), _gemm_cost(ref)
+    t = cost.flops / (ref.tflops * 1e12) - params.shared["k0"]
+    return (cost.flops + params.shared["w_half"] * spec.sm_count) / (peak_flops(spec, ref.dtype, "matmul", True) * t)
+
+
+def fit_tc_eff(refs: Sequence[GemmReference], params: CostParams) -> float:
+    """Return tc_eff fitted on tensor-core GEMM rows: the geometric mean of their implied efficiencies."""
+    logs = [math.log(implied_tc_eff(r, params)) for r in refs if r.dtype != "fp32"]
+    return math.exp(sum(logs) / len(logs))
+
+
+def gemm_rows(params: CostParams) -> list[dict[str, object]]:
+    """Return one dict per GEMM reference with the packaged prediction and the leave-one-out one."""
+    fit_rows = [r for r in GEMMS if r.dtype != "fp32"]
+    rows = []
+    for ref in GEMMS:
+        held_out = fit_tc_eff([r for r in fit_rows if r is not ref], params)
+        loo = predicted_gemm_tflops(ref, replace(params, tc_eff=held_out))
+        pred = predicted_gemm_tflops(ref, params)
+        rows.append({**ref.__dict__, "implied_tc_eff": implied_tc_eff(ref, params) if ref.dtype != "fp32" else None,
+                     "predicted_tflops": pred, "error_pct": 100 * (pred / ref.tflops - 1),
+                     "loo_tc_eff": held_out if ref.dtype != "fp32" else None,
+                     "loo_error_pct": 100 * (loo / ref.tflops - 1) if ref.dtype != "fp32" else None})
+    return rows
 
 
 @dataclass(frozen=True)
@@ -54,7 +171,55 @@ REFERENCES: tuple[Reference, ...] = (
     Reference("v100-sxm2-32gb", "resnet50", "fp32", "train", 128, 128 / 0.34237, "NCHW", f"{SKB}, 342.37 ms/iter"),
     Reference("v100-sxm2-32gb", "resnet50", "amp", "train", 128, 128 / 0.15220, "NCHW", f"{SKB}, 152.20 ms/iter"),
     Reference("v100-sxm2-32gb", "resnet50", "amp", "train", 128, 128 / 0.11093, "NHWC", f"{SKB}, 110.93 ms/iter"),
+    Reference("v100-sxm2-32gb", "resnet50", "fp32", "train", 128, 128 / 0.41284, "NHWC", f"{SKB}, 412.84 ms/iter"),
+    Reference("v100-sxm2-32gb", "resnet50", "amp", "train", 256, 893.09, "NCHW", f"{DLE1910}, DGX-1 16G, 1 GPU"),
+    Reference("v100-sxm2-32gb", "resnet50", "amp", "train", 256, 849.63, "NCHW", f"{DLE1910}, DGX-1 32G, 1 GPU"),
 )
+
+
+@dataclass(frozen=True)
+class LayerReference:
+    """One published transformer-layer throughput: best TFLOPS over a batch x sequence grid (fp16 layer)."""
+
+    gpu: str
+    layer: str  # a key of _transformer_layers.LAYERS
+    mode: str  # "fwd" or "fwd+bwd"
+    tflops: float
+    seqs: tuple[int, ...]
+    batches: tuple[int, ...]
+    source: str
+
+
+MLI_LAYER = ("mli/transformers-benchmarks README.md 'Micro-Benchmarking Summary' (micro_bench.ipynb: transformers "
+             "BertLayer(bert-large) / GPT2Block(gpt2-medium), .half(), NGC pytorch:22.07; best over the grid)")
+_BERT_GRID = ((128, 512), (2, 4, 8, 16, 32, 64, 128))
+_GPT2_GRID = ((512, 1024), (2, 4, 8, 16, 32, 64))
+LAYER_REFS: tuple[LayerReference, ...] = tuple(
+    LayerReference(gpu, layer, mode, tflops, *grid, f"{MLI_LAYER}, {label}")
+    for gpu, label, values in (("a100-sxm4-80gb", "A100 80GB", (110.0, 136.0, 45.0, 53.0)),
+                               ("v100-sxm2-32gb", "V100 16GB", (56.0, 67.0, 34.0, 37.0)))
+    for (layer, mode, grid), tflops in zip(
+        (("bert-large layer", "fwd", _BERT_GRID), ("bert-large layer", "fwd+bwd", _BERT_GRID),
+         ("gpt2-medium block", "fwd", _GPT2_GRID), ("gpt2-medium block", "fwd+bwd", _GPT2_GRID)), values,
+        strict=True)
+)
+
+
+def layer_rows(params: CostParams) -> list[dict[str, object]]:
+    """Return one dict per layer reference with gpemu's best TFLOPS over the same grid."""
+    from _transformer_layers import best_tflops  # bench/ is the script's directory
+
+    cache: dict[tuple[str, str], tuple[float, float, str, str]] = {}
+    rows = []
+    for ref in LAYER_REFS:
+        key = (ref.layer, ref.gpu)
+        if key not in cache:
+            cache[key] = best_tflops(ref.layer, ref.gpu, ref.seqs, ref.batches, params)
+        fwd, both, at_fwd, at_both = cache[key]
+        pred, at = (fwd, at_fwd) if ref.mode == "fwd" else (both, at_both)
+        rows.append({**ref.__dict__, "predicted_tflops": pred, "best_at": at,
+                     "error_pct": 100 * (pred / ref.tflops - 1)})
+    return rows
 
 
 def predicted_images_per_s(ref: Reference) -> float:
@@ -66,30 +231,79 @@ def predicted_images_per_s(ref: Reference) -> float:
     return ref.batch_size / seconds
 
 
+def _summary(console: Console, rows: Sequence[dict[str, object]], key: str, groups: dict[str, object]) -> None:
+    for label, pick in groups.items():
+        errs = sorted(abs(float(r[key])) for r in rows if pick(r))  # type: ignore[operator, arg-type]
+        if errs:
+            console.print(f"  {label}: {len(errs)} rows, median |error| {errs[len(errs) // 2]:.1f}%, "
+                          f"max {errs[-1]:.1f}%")
+
+
 def main() -> None:
-    """Print the comparison table."""
+    """Print the comparison tables."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="print rows as JSON")
     args = parser.parse_args()
+    params = load_params()
+    gemms = gemm_rows(params)
+    layers = layer_rows(params)
     rows = []
     for ref in REFERENCES:
         pred = predicted_images_per_s(ref)
         rows.append({**ref.__dict__, "predicted_images_per_s": pred, "error_pct": 100 * (pred / ref.images_per_s - 1)})
     if args.json:
-        print(json.dumps(rows, indent=1))
+        print(json.dumps({"gemm": gemms, "layers": layers, "models": rows}, indent=1))
         return
-    table = Table(title="gpemu predictions vs published real-GPU throughput (img/s)")
+    console = Console(width=200)
+    table = Table(title=f"GEMM TFLOPS: published vs gpemu (packaged tc_eff {params.tc_eff:.4f})")
+    for col in ("GPU", "dtype", "m x n x k", "published", "implied tc_eff", "predicted", "error", "LOO tc_eff",
+                "LOO error", "source"):
+        table.add_column(col, overflow="fold")
+    for g in gemms:
+        opt = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
+        table.add_row(str(g["gpu"]), str(g["dtype"]), f"{g['m']}x{g['n']}x{g['k']}", f"{g['tflops']:.1f}",
+                      opt(g["implied_tc_eff"], ".3f"), f"{g['predicted_tflops']:.1f}", f"{g['error_pct']:+.1f}%",
+                      opt(g["loo_tc_eff"], ".3f"), opt(g["loo_error_pct"], "+.1f"), str(g["source"]))
+    console.print(table)
+    fit_rows = [r for r in GEMMS if r.dtype != "fp32"]
+    console.print(f"tc_eff fitted on all {len(fit_rows)} tensor-core rows: {fit_tc_eff(fit_rows, params):.4f}")
+    _summary(console, [g for g in gemms if g["loo_error_pct"] is not None], "loo_error_pct",
+             {"tensor-core GEMMs, leave-one-out": lambda r: True})
+
+    table = Table(title=f"Streaming bandwidth: published vs gpemu's m_stream (packaged {params.m_stream:.4f})")
+    for col in ("GPU", "published GB/s", "efficiency", "LOO m_stream", "LOO error", "source"):
+        table.add_column(col, overflow="fold")
+    loo_errs = []
+    for ref in STREAMS:
+        held_out = fit_m_stream([r for r in STREAMS if r is not ref])
+        loo_errs.append({"e": 100 * (held_out / ref.efficiency - 1)})
+        table.add_row(ref.gpu, f"{ref.efficiency * ref.datasheet_gbps:.0f}", f"{ref.efficiency:.3f}",
+                      f"{held_out:.3f}", f"{loo_errs[-1]['e']:+.1f}%", ref.source)
+    console.print(table)
+    console.print(f"m_stream fitted on all {len(STREAMS)} rows: {fit_m_stream(STREAMS):.4f}")
+    _summary(console, loo_errs, "e", {"streaming bandwidth, leave-one-out": lambda r: True})
+
+    table = Table(title="Transformer layers (fp16): published best TFLOPS vs gpemu's best over the same grid")
+    for col in ("GPU", "layer", "mode", "published", "predicted", "gpemu's best at", "error", "source"):
+        table.add_column(col, overflow="fold")
+    for r in layers:
+        table.add_row(str(r["gpu"]), str(r["layer"]), str(r["mode"]), f"{r['tflops']:.0f}",
+                      f"{r['predicted_tflops']:.1f}", str(r["best_at"]), f"{r['error_pct']:+.1f}%", str(r["source"]))
+    console.print(table)
+    _summary(console, layers, "error_pct", {"transformer layers": lambda r: True})
+
+    table = Table(title="Whole models: published real-GPU throughput vs gpemu (img/s)")
     for col in ("GPU", "dtype", "mode", "batch", "layout", "published", "predicted", "error", "source"):
         table.add_column(col, overflow="fold")
     for r in rows:
         table.add_row(r["gpu"], r["dtype"], r["mode"], str(r["batch_size"]), r["layout"], f"{r['images_per_s']:.0f}",
                       f"{r['predicted_images_per_s']:.0f}", f"{r['error_pct']:+.1f}%", r["source"])
-    console = Console(width=200)
     console.print(table)
-    for layout in ("NCHW", "NHWC"):
-        errs = sorted(abs(r["error_pct"]) for r in rows if r["layout"] == layout)
-        if errs:
-            console.print(f"{layout}: {len(errs)} rows, median |error| {errs[len(errs) // 2]:.1f}%, max {errs[-1]:.1f}%")
+    _summary(console, rows, "error_pct", {
+        f"{layout} {dt}": (lambda r, layout=layout, dt=dt: r["layout"] == layout and r["dtype"] == dt)
+        for layout in ("NCHW", "NHWC") for dt in ("fp32", "tf32", "amp")})
+    _summary(console, rows, "error_pct", {layout: (lambda r, layout=layout: r["layout"] == layout)
+                                          for layout in ("NCHW", "NHWC")})
 
 
 if __name__ == "__main__":

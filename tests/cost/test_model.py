@@ -16,6 +16,7 @@ from gpemu.cost.model import (
     peak_flops,
     phase_seconds,
     plane_efficiency,
+    uses_tensor_cores,
 )
 from gpemu.hardware import get_gpu, list_gpus
 
@@ -40,13 +41,59 @@ def test_phase_is_gpu_bound_or_host_bound() -> None:
 
 def test_effective_peaks_follow_tensor_core_rules() -> None:
     v100, a100, p100 = get_gpu("v100"), get_gpu("a100"), get_gpu("p100-pcie-16gb")
-    # fp32 conv on Ampere uses TF32 tensor cores: 156e12 * 0.5 = 78e12 > 19.5e12 CUDA-core fp32
-    assert peak_flops(a100, "fp32", "conv", False, 0.5) == 78e12
-    assert peak_flops(a100, "fp32", "matmul", False, 0.5) == 19.5e12  # cuBLAS keeps fp32 off TF32 by default
-    assert peak_flops(v100, "fp16", "matmul", True, 0.5) == 56e12  # 112e12 tensor-core peak * 0.5
-    assert peak_flops(v100, "fp16", "matmul", False, 0.5) == 14e12  # misaligned 16-bit: CUDA cores
-    assert peak_flops(p100, "fp16", "conv", True, 0.5) == 18.7e12  # no tensor cores: packed half2
-    assert peak_flops(v100, "bf16", "matmul", True, 0.5) == 14e12  # no native bf16 before Ampere
+    # fp32 conv on Ampere uses TF32 tensor cores: the 156e12 TF32 peak, priced at tc_eff
+    assert peak_flops(a100, "fp32", "conv", False) == 156e12 and uses_tensor_cores(a100, "fp32", "conv", False)
+    assert peak_flops(a100, "fp32", "matmul", False) == 19.5e12  # cuBLAS keeps fp32 off TF32 by default
+    assert not uses_tensor_cores(a100, "fp32", "matmul", False)
+    assert peak_flops(v100, "fp16", "matmul", True) == 112e12  # the tensor-core peak
+    assert peak_flops(v100, "fp16", "matmul", False) == 14e12  # misaligned 16-bit: CUDA cores
+    assert not uses_tensor_cores(v100, "fp16", "matmul", False)
+    assert peak_flops(p100, "fp16", "conv", True) == 18.7e12  # no tensor cores: packed half2
+    assert not uses_tensor_cores(p100, "fp16", "conv", True)
+    assert peak_flops(v100, "bf16", "matmul", True) == 14e12  # no native bf16 before Ampere
+    assert not uses_tensor_cores(v100, "fp16", "elementwise", True)  # only conv/matmul/attention
+
+
+def test_tensor_core_ops_use_tc_eff_not_the_cuda_core_fit() -> None:
+    # Note [Tensor-core efficiency]: compute_s = (F + w_half * SMs) / (peak_tc * tc_eff) + k0, no e_c, no a
+    from gpemu.cost.registry import OpCost
+    from gpemu.cost.roofline import cost_time_s
+
+    params = load_params()
+    p = params.shared
+    h100 = get_gpu("h100-sxm5-80gb")
+    n = 8192
+    gemm = OpCost(2 * n**3, 3 * n * n * 2, "matmul", "bf16", tensor_core=True)  # 1.1e12 FLOPs, 403 MB
+    compute = (2 * n**3 + p["w_half"] * 132) / (989.5e12 * params.tc_eff)  # 132 SMs; ~1.44 ms at tc_eff 0.77
+    memory = 3 * n * n * 2 / (3350e9 * params.factors(h100)["b"] * p["m_elementwise"])  # ~0.25 ms: compute-bound
+    assert compute > memory
+    assert cost_time_s(gemm, "mm", h100, params) == pytest.approx(compute + p["k0"], rel=1e-12)
+    # the same GEMM in fp32 on a V100-PCIe stays on CUDA cores with the fitted e_matmul and its own a
+    v100 = get_gpu("v100-pcie-32gb")
+    fp32 = OpCost(2 * n**3, 3 * n * n * 4, "matmul", "fp32")
+    a = params.per_gpu["v100-pcie-32gb"]["a"]
+    assert cost_time_s(fp32, "mm", v100, params) == pytest.approx(
+        (2 * n**3 + p["w_half"] * 80) / (14e12 * p["e_matmul"] * a) + p["k0"], rel=1e-12)
+
+
+def test_16_bit_streaming_ops_use_m_stream() -> None:
+    # Note [16-bit streaming]: memory_s = M / (bw * m_stream) + latency, no per-GPU b; fp32 keeps m_c * b
+    from gpemu.cost.registry import OpCost
+    from gpemu.cost.roofline import cost_time_s
+
+    params = load_params()
+    p = params.shared
+    a100 = get_gpu("a100")
+    latency = p["mem_lat_cycles"] / 1410e6 + p["k0"]  # 1410 MHz boost clock
+    relu16 = OpCost(1e8, 4e8, "elementwise", "fp16")  # 400 MB read + written
+    assert cost_time_s(relu16, "relu", a100, params) == pytest.approx(4e8 / (2039e9 * params.m_stream) + latency)
+    relu32 = OpCost(1e8, 4e8, "elementwise", "fp32")
+    b = params.factors(a100)["b"]  # borrowed from the nearest fitted GPU (Note [Borrowed factors])
+    assert cost_time_s(relu32, "relu", a100, params) == pytest.approx(4e8 / (2039e9 * p["m_elementwise"] * b)
+                                                                      + latency)
+    pool16 = OpCost(1e8, 4e8, "pooling", "fp16")  # not a streaming category: the fitted m_other
+    assert cost_time_s(pool16, "max_pool2d_with_indices", a100, params) == pytest.approx(
+        4e8 / (2039e9 * p["m_other"] * b) + latency)
 
 
 def test_batch_norm_plane_size() -> None:

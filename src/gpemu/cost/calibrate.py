@@ -25,6 +25,7 @@ from gpemu.cost.model import (
     compress_views,
     host_seconds,
     kernel_seconds,
+    load_params,
     spec_columns,
 )
 from gpemu.cost.predict import _phase_mask, _subset, batch_linear_ops
@@ -88,7 +89,7 @@ class _GpuBlock:
             offset += len(ops.names)
             ends.append(offset)
         self.ops = _concat(parts)
-        self.cols = spec_columns(self.ops, spec, 0.5)
+        self.cols = spec_columns(self.ops, spec, load_params().tc_eff)  # fp32 CUDA-core data: no tensor-core op
         b = np.asarray(batches, dtype=np.float64)[:, None]
         assert self.ops.flops_per_sample is not None and self.ops.bytes_per_sample is not None
         self.flops = torch.as_tensor(self.ops.flops[None, :] + self.ops.flops_per_sample[None, :] * b)
@@ -170,7 +171,8 @@ def _fit(rows: pd.DataFrame, gpus: list[str], batches: Sequence[int], per_gpu: b
             progress(step + 1, steps, float(loss.detach()))
     shared = {k: float(v.detach().exp()) for k, v in logp.items()}
     per = {g: {k: float(v.detach().exp()) for k, v in d.items()} for g, d in logf.items()} if per_gpu else {}
-    return CostParams(shared, per, 0.5, note=f"fit on {n_rows} measured rows, GPUs {', '.join(gpus)}")
+    # tc_eff is not in this data (fp32 on CUDA cores): keep the packaged value, fitted on published GEMM throughputs
+    return CostParams(shared, per, load_params().tc_eff, note=f"fit on {n_rows} measured rows, GPUs {', '.join(gpus)}")
 
 
 def main(argv: list[str] | None = None) -> None:

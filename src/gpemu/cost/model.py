@@ -31,8 +31,8 @@ from gpemu.hardware import GPUSpec
 #     T = t0 + max_j (H_j + d_j + ... + d_n)        (the GPU is either starved by the host or busy)
 # which is exactly the stream contract (start = max(host launch, stream done)) summed over the phase.
 # Peaks: fp32 conv on Ampere+ uses TF32 tensor cores (cuDNN's allow_tf32 defaults to True; cuBLAS's does not);
-# 16-bit conv/matmul/attention with tensor-core-friendly dims use the tensor-core peak times `tc_rel` on cc >= 7.0.
-# `tc_rel` cannot be fitted from the shared data (all fp32 on CUDA cores): it is a documented prior.
+# 16-bit conv/matmul/attention with tensor-core-friendly dims use the tensor-core peak on cc >= 7.0. Those
+# tensor-core ops are priced by Note [Tensor-core efficiency], not by e_c and a.
 
 MEMORY_CATEGORIES: tuple[str, ...] = tuple(c for c in CATEGORIES if c not in COMPUTE_CATEGORIES)
 SHARED_PARAMS: tuple[str, ...] = (
@@ -50,8 +50,11 @@ class CostParams:
 
     shared: dict[str, float]
     per_gpu: dict[str, dict[str, float]] = field(default_factory=dict)
-    tc_rel: float = 0.5  # prior: fraction of the tensor-core peak a well-shaped 16-bit kernel reaches vs CUDA cores
+    tc_eff: float = 0.5  # fraction of the tensor-core peak a large tensor-core kernel reaches: Note [Tensor-core
+    # efficiency]; the packaged value is fitted on published GEMM throughputs (fitted.json), 0.5 is the bare prior
     note: str = ""
+    m_stream: float = 0.0  # streaming fraction of datasheet bandwidth for 16-bit memory-bound kernels, Note [16-bit
+    # streaming]; fitted on published vector-kernel bandwidths (fitted.json); 0 = off (the fp32 fit's m_c apply)
 
     def factors(self, spec: GPUSpec, use_per_gpu: bool = True) -> dict[str, float]:
         """Return the per-GPU factors a, b, c for `spec`: its own, else the nearest fitted GPU's device factors a, b
@@ -75,7 +78,8 @@ class CostParams:
 
     def to_json(self) -> dict[str, Any]:
         """Return the JSON object stored in fitted.json."""
-        return {"shared": self.shared, "per_gpu": self.per_gpu, "tc_rel": self.tc_rel, "note": self.note}
+        return {"shared": self.shared, "per_gpu": self.per_gpu, "tc_eff": self.tc_eff, "m_stream": self.m_stream,
+                "note": self.note}
 
 
 DEFAULT_SHARED: dict[str, float] = {
@@ -95,7 +99,8 @@ def load_params() -> CostParams:
         return CostParams(dict(DEFAULT_SHARED), note="unfitted priors")
     data = json.loads(text)
     shared = {**DEFAULT_SHARED, **data["shared"]}
-    return CostParams(shared, data.get("per_gpu", {}), float(data.get("tc_rel", 0.5)), str(data.get("note", "")))
+    return CostParams(shared, data.get("per_gpu", {}), float(data.get("tc_eff", 0.5)), str(data.get("note", "")),
+                      float(data.get("m_stream", 0.0)))
 
 
 def has_tensor_cores(spec: GPUSpec) -> bool:
@@ -103,22 +108,43 @@ def has_tensor_cores(spec: GPUSpec) -> bool:
     return tuple(spec.compute_capability) >= (7, 0)
 
 
-def peak_flops(spec: GPUSpec, dtype: str, category: str, tensor_core: bool, tc_rel: float) -> float:
-    """Return the effective peak FLOP/s an op of this dtype/category can use on `spec` (see Note [Time model])."""
+# Note [Tensor-core efficiency]
+# A tensor-core op (16-bit conv/matmul/attention with tensor-core-friendly dims on cc >= 7.0; TF32 convolutions, and
+# every conv/matmul/attention of dtype "tf32", on cc >= 8.0) is priced
+#     compute_s = (F + w_half * SMs) / (peak_tc * tc_eff)
+# with one tc_eff for every GPU and category, instead of the CUDA-core form's e_c * a: e_c are fitted on fp32
+# CUDA-core kernels (e_conv > 1 is cuDNN's Winograd/FFT doing fewer multiplies than direct convolution, which its
+# tensor-core implicit-GEMM kernels do not do) and the per-GPU a on CUDA-core data, so neither says anything about
+# tensor cores. tc_eff is the fraction of the datasheet tensor peak a large GEMM reaches; it is fitted on published
+# matmul throughputs of six GPUs (bench/published_validation.py, leave-one-out; docs/cost-model.md) and validated on
+# whole published training steps (resnet50 AMP / TF32, BERT and GPT-2 layers) that are not in the fit. Until
+# session 4 this was tc_rel = 0.5 times e_c (a prior): 0.45 of peak for a GEMM, 1.08 for a conv backward.
+def uses_tensor_cores(spec: GPUSpec, dtype: str, category: str, tensor_core: bool) -> bool:
+    """Return True when an op of this dtype/category runs on tensor cores on `spec` (Note [Tensor-core
+    efficiency])."""
+    if category not in COMPUTE_CATEGORIES:
+        return False
+    tf32 = spec.peak_tflops.get("tf32", 0.0) > 0
+    if dtype in ("fp16", "bf16"):
+        return tensor_core and has_tensor_cores(spec) and spec.peak_tflops.get(dtype, 0.0) > 0
+    if dtype == "tf32":
+        return tf32
+    return dtype == "fp32" and category == "conv" and tf32
+
+
+def peak_flops(spec: GPUSpec, dtype: str, category: str, tensor_core: bool) -> float:
+    """Return the peak FLOP/s an op of this dtype/category runs against on `spec`: the tensor-core peak where
+    uses_tensor_cores, else the CUDA-core one (see Note [Time model])."""
     fp32 = spec.peak_tflops["fp32"] * 1e12
     if dtype == "fp64":
         return spec.peak_tflops["fp64"] * 1e12 or fp32 / 32
+    if uses_tensor_cores(spec, dtype, category, tensor_core):
+        return spec.peak_tflops["tf32" if dtype in ("fp32", "tf32") else dtype] * 1e12
     if dtype in ("fp16", "bf16"):
         native = spec.peak_tflops.get(dtype, 0.0) * 1e12
-        if not native:
-            return fp32  # no native 16-bit math (e.g. bf16 before Ampere): runs at fp32 speed at best
-        if has_tensor_cores(spec):
-            return max(native * tc_rel, fp32) if tensor_core and category in COMPUTE_CATEGORIES else fp32
+        if not native or has_tensor_cores(spec):
+            return fp32  # no native 16-bit math (bf16 before Ampere), or misaligned dims off the tensor cores
         return native  # packed half2 on CUDA cores (P100)
-    if dtype == "tf32" and category in COMPUTE_CATEGORIES and spec.peak_tflops.get("tf32", 0.0) > 0:
-        return max(spec.peak_tflops["tf32"] * 1e12 * tc_rel, fp32)
-    if category == "conv" and spec.peak_tflops.get("tf32", 0.0) > 0:
-        return max(spec.peak_tflops["tf32"] * 1e12 * tc_rel, fp32)
     return fp32
 
 
@@ -215,11 +241,15 @@ class SpecColumns:
     """Per-op constants for one (ops, GPU) pair: effective peak, bandwidth, which parameters apply."""
 
     peak: np.ndarray
+    tensor_core: np.ndarray  # bool: priced at tc_eff of the tensor-core peak (Note [Tensor-core efficiency])
+    tc_eff: float
+    stream: np.ndarray  # bool: 16-bit streaming kernels priced at m_stream (Note [16-bit streaming])
+    m_stream: float
+    relayout_stream: np.ndarray  # bool: a 16-bit convolution's layout transposes also stream at m_stream
     is_kernel: np.ndarray
     compute_param: np.ndarray  # index into COMPUTE_PARAMS, -1 for memory-only ops
     mem_param: np.ndarray  # index into MEMORY_PARAMS
     plane: np.ndarray  # batch-norm plane elements (inf elsewhere), Note [Batch-norm plane size]
-    mem_alt: np.ndarray  # index into MEMORY_PARAMS of a second ceiling; the op uses the larger (Note [Layout cost])
     relayout: np.ndarray  # conv ops in a layout not native to their kernel: tensors cuDNN transposes (0 elsewhere)
     bw: float
     sm_count: int
@@ -262,10 +292,12 @@ def mem_param(category: str, backward: bool) -> str:
 #     with X = NHW x C), forward and backward, so its relayout_bytes are 0. Nothing is fitted; cuDNN also picks
 #     different (often worse) main kernels for a foreign layout, which this does not model.
 #  2. Batch norm. NCHW batch norm streams (n, c) planes of H*W elements (Note [Batch-norm plane size]); an NHWC
-#     kernel reads whole channel vectors of every pixel, coalesced whatever H*W is: no plane ramp, and it streams at
-#     least as well as an elementwise kernel of its phase, so its ceiling is max(m_norm[_bwd], m_elementwise[_bwd]).
-#     Fitted NCHW data put large-plane batch-norm backward at m_norm_bwd = 0.28 of bandwidth; NHWC training kernels
-#     (cuDNN's persistent batch norm, PyTorch's channels-last kernels) are plain two-pass streams.
+#     kernel reads whole channel vectors of every pixel, coalesced whatever H*W is: no plane ramp, same ceiling.
+#     (Tried and dropped: an NHWC ceiling of max(m_norm[_bwd], m_elementwise[_bwd]), i.e. "at least a plain
+#     stream". It made fp32 channels_last resnet50 on a V100 predict 35 % faster than published, where NHWC fp32
+#     is 21 % slower than NCHW; 16-bit batch norm is priced by Note [16-bit streaming] either way.)
+# On the published resnet50 rows (bench/published_validation.py) the NHWC / NCHW speed ratio comes out 1.15 for AMP
+# on a V100 (published 1.37) and 0.88 for fp32 (published 0.83).
 def native_conv_layout(spec: GPUSpec, dtype: str, tensor_core: bool) -> int:
     """Return the layout cuDNN's convolution kernels for this dtype on `spec` natively use (LAYOUT_NHWC for tensor
     cores, LAYOUT_NCHW for CUDA cores; Note [Layout cost])."""
@@ -277,36 +309,66 @@ def native_conv_layout(spec: GPUSpec, dtype: str, tensor_core: bool) -> int:
     return LAYOUT_NCHW
 
 
-def spec_columns(ops: OpArrays, spec: GPUSpec, tc_rel: float) -> SpecColumns:
-    """Return the GPU-dependent per-op constants for `ops` on `spec`."""
-    cache: dict[tuple[str, str, bool], float] = {}
+STREAM_CATEGORIES = frozenset({"elementwise", "norm", "reduction", "copy"})
+
+
+# Note [16-bit streaming]
+# The memory efficiencies m_c (and the per-GPU b) are fitted on fp32 steps whose convolutions run on CUDA cores at
+# e_conv / e_conv_bwd, and only the sum is measured: the fit's split between a convolution and the batch norm or
+# ReLU beside it is not physical (e_conv_bwd = 2.16 "Winograd" beside m_norm_bwd = 0.28 of bandwidth). Inside that
+# fp32 world the split cancels; once the convolutions and GEMMs are priced on tensor cores from published GEMM
+# throughputs (Note [Tensor-core efficiency]), the memory side must be physical too, or the fp32 fit's slow batch
+# norm is left standing beside a fast tensor-core convolution (resnet50 AMP was predicted 15-25 % too slow on V100
+# and A100 that way, the BERT/GPT-2 layers 20-35 % on V100). So a 16-bit op of a streaming category (elementwise,
+# norm, reduction, copy) is priced at m_stream of the datasheet bandwidth, no per-GPU b:
+#     memory_s = M / (bw * m_stream * r_bn) + mem_lat_cycles / clock        (r_bn: NCHW batch norm's plane ramp)
+# m_stream is fitted on published streaming-kernel bandwidths of four GPUs (bench/published_validation.py,
+# leave-one-out) and validated on whole published steps. Pooling, embedding and optimizer kernels keep the fitted
+# m_c, and so does every fp32 op: fp32 predictions do not change. (Tried and dropped: streaming fp32 ops too on GPUs
+# whose fp32 convolutions run on TF32. The one published TF32 step, resnet50 on an A100, went from 15 % too slow to
+# 15 % too fast: no evidence either way, so the fp32 world stays as calibrated.)
+def streams_physically(spec: GPUSpec, dtype: str, m_stream: float) -> bool:
+    """Return True when a streaming op of `dtype` on `spec` is priced at m_stream (Note [16-bit streaming]):
+    16-bit ops, on any GPU."""
+    return m_stream > 0 and dtype in ("fp16", "bf16")
+
+
+def spec_columns(ops: OpArrays, spec: GPUSpec, tc_eff: float, m_stream: float = 0.0) -> SpecColumns:
+    """Return the GPU-dependent per-op constants for `ops` on `spec` (`tc_eff`: Note [Tensor-core efficiency];
+    `m_stream`: Note [16-bit streaming], 0 = off)."""
+    cache: dict[tuple[str, str, bool], tuple[float, bool]] = {}
     n = len(ops.names)
-    peaks = np.empty(n)
+    peaks, on_tc = np.empty(n), np.zeros(n, dtype=bool)
     for i, (cat, dt, tc) in enumerate(zip(ops.category, ops.dtype, ops.tensor_core.tolist(), strict=True)):
         key = (cat, dt, tc)
         if key not in cache:
-            cache[key] = peak_flops(spec, dt, cat, tc, tc_rel)
-        peaks[i] = cache[key]
+            cache[key] = (peak_flops(spec, dt, cat, tc), uses_tensor_cores(spec, dt, cat, tc))
+        peaks[i], on_tc[i] = cache[key]
     mem = np.array([_MEM_IDX[mem_param(c, bool(ph))] for c, ph in zip(ops.category, ops.phase, strict=True)])
     plane = ops.plane if ops.plane is not None else np.full(n, np.inf)
-    mem_alt, relayout = mem.copy(), np.zeros(n)
+    relayout = np.zeros(n)
     if ops.layout is not None and ops.layout.any():  # See Note [Layout cost]
         nhwc_bn = (ops.layout == LAYOUT_NHWC) & np.isfinite(plane)
         plane = np.where(nhwc_bn, np.inf, plane)
-        elt = np.array([_MEM_IDX[mem_param("elementwise", bool(ph))] for ph in ops.phase])
-        mem_alt = np.where(nhwc_bn, elt, mem_alt)
         moved = ops.relayout_at_batch(1.0) > 0  # 1x1 stride-1 convolutions move nothing (registry._needs_relayout)
         for j in np.flatnonzero((ops.layout != LAYOUT_NONE) & moved):
             if ops.category[j] == "conv" and ops.layout[j] != native_conv_layout(spec, ops.dtype[j],
                                                                                  bool(ops.tensor_core[j])):
                 relayout[j] = 3.0 if ops.names[j].endswith("_backward") else 2.0  # dy, x, dx; forward: x, y
+    stream = np.array([c in STREAM_CATEGORIES and streams_physically(spec, d, m_stream)
+                       for c, d in zip(ops.category, ops.dtype, strict=True)], dtype=bool)
     return SpecColumns(
         peak=peaks,
+        tensor_core=on_tc,
+        tc_eff=tc_eff,
+        stream=stream,
+        m_stream=m_stream,
+        relayout_stream=(relayout > 0) & np.array([streams_physically(spec, d, m_stream) for d in ops.dtype],
+                                                  dtype=bool),
         is_kernel=np.array([c != "view" for c in ops.category]),
         compute_param=np.array([compute_param_index(c, n) for c, n in zip(ops.category, ops.names, strict=True)]),
         mem_param=mem,
         plane=plane,
-        mem_alt=mem_alt,
         relayout=relayout,
         bw=spec.memory_bw_gbps * 1e9,
         sm_count=spec.sm_count,
@@ -341,18 +403,26 @@ def kernel_seconds(flops: Any, nbytes: Any, cols: SpecColumns, p: dict[str, Any]
     e = torch.stack([_t(p[k]) for k in COMPUTE_PARAMS])
     m = torch.stack([_t(p[k]) for k in MEMORY_PARAMS])
     e_op = e[torch.as_tensor(np.maximum(cols.compute_param, 0))]
-    m_ceiling = torch.maximum(m[torch.as_tensor(cols.mem_param)], m[torch.as_tensor(cols.mem_alt)])
-    m_op = m_ceiling * plane_efficiency(cols.plane, p["bn_plane_half"])
+    m_ceiling = m[torch.as_tensor(cols.mem_param)]
+    ramp = plane_efficiency(cols.plane, p["bn_plane_half"])
+    m_op = m_ceiling * f["b"] * ramp
+    if cols.stream.any():  # See Note [16-bit streaming]
+        m_op = torch.where(torch.as_tensor(cols.stream), cols.m_stream * ramp, m_op)
     has_compute = torch.as_tensor(cols.compute_param >= 0)
-    compute = (flops + p["w_half"] * cols.sm_count) / (torch.as_tensor(cols.peak) * e_op * f["a"])
+    eff = e_op * f["a"]
+    if cols.tensor_core.any():  # See Note [Tensor-core efficiency]
+        eff = torch.where(torch.as_tensor(cols.tensor_core), torch.as_tensor(cols.tc_eff, dtype=torch.float64), eff)
+    compute = (flops + p["w_half"] * cols.sm_count) / (torch.as_tensor(cols.peak) * eff)
     compute = torch.where(has_compute, compute, torch.zeros_like(compute))
     latency = p["mem_lat_cycles"] / cols.clock_hz
-    memory = nbytes / (cols.bw * m_op * f["b"]) + latency
+    memory = nbytes / (cols.bw * m_op) + latency
     body = torch.maximum(compute, memory) + p["k0"]
     if relayout_bytes is not None and cols.relayout.any():
         relayout = torch.as_tensor(cols.relayout)
-        m_copy = m[torch.as_tensor(np.where(cols.relayout > 0, _relayout_param(cols), 0))]
-        body = body + torch.where(relayout > 0, 2 * _t(relayout_bytes) / (cols.bw * m_copy * f["b"])
+        m_copy = m[torch.as_tensor(np.where(cols.relayout > 0, _relayout_param(cols), 0))] * f["b"]
+        if cols.relayout_stream.any():  # See Note [16-bit streaming]
+            m_copy = torch.where(torch.as_tensor(cols.relayout_stream), cols.m_stream, m_copy)
+        body = body + torch.where(relayout > 0, 2 * _t(relayout_bytes) / (cols.bw * m_copy)
                                   + relayout * (latency + p["k0"]), torch.zeros_like(body))
     return torch.where(torch.as_tensor(cols.is_kernel), body, torch.zeros_like(body))
 

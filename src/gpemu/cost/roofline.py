@@ -11,6 +11,7 @@ import torch
 from gpemu.cost.model import (
     COMPUTE_PARAMS,
     LAYOUT_NHWC,
+    STREAM_CATEGORIES,
     CostParams,
     bn_plane,
     compute_param_index,
@@ -19,6 +20,8 @@ from gpemu.cost.model import (
     native_conv_layout,
     peak_flops,
     plane_efficiency,
+    streams_physically,
+    uses_tensor_cores,
 )
 from gpemu.cost.registry import OpCost, io_bytes, op_cost
 from gpemu.hardware import GPUSpec
@@ -79,21 +82,29 @@ def cost_time_s(cost: OpCost, name: str, spec: GPUSpec, params: CostParams | Non
     cidx = compute_param_index(cost.category, name)
     compute = 0.0
     if cidx >= 0:
-        peak = peak_flops(spec, cost.dtype, cost.category, cost.tensor_core, params.tc_rel)
-        compute = (cost.flops + p["w_half"] * spec.sm_count) / (peak * p[COMPUTE_PARAMS[cidx]] * f["a"])
+        peak = peak_flops(spec, cost.dtype, cost.category, cost.tensor_core)
+        on_tc = uses_tensor_cores(spec, cost.dtype, cost.category, cost.tensor_core)
+        eff = params.tc_eff if on_tc else p[COMPUTE_PARAMS[cidx]] * f["a"]  # Note [Tensor-core efficiency]
+        compute = (cost.flops + p["w_half"] * spec.sm_count) / (peak * eff)
     backward = name.endswith(("_backward", "_backward_data"))  # the phase is unknown here; named grads are bwd
     m_ceiling = p[mem_param(cost.category, backward)]
     m_copy = p[mem_param("elementwise", backward)]
-    if cost.layout == "nhwc" and cost.category == "norm":  # See Note [Layout cost]: no plane ramp, streams
-        plane, m_ceiling = math.inf, max(m_ceiling, m_copy)
-    m_eff = m_ceiling * float(plane_efficiency(plane, p["bn_plane_half"]))
+    if cost.layout == "nhwc" and cost.category == "norm":  # See Note [Layout cost]: no plane ramp
+        plane = math.inf
+    ramp = float(plane_efficiency(plane, p["bn_plane_half"]))
     bw = spec.memory_bw_gbps * 1e9 * f["b"]
+    m_eff = m_ceiling * ramp
+    if cost.category in STREAM_CATEGORIES and streams_physically(spec, cost.dtype, params.m_stream):
+        bw, m_eff = spec.memory_bw_gbps * 1e9, params.m_stream * ramp  # Note [16-bit streaming]
     latency = p["mem_lat_cycles"] / (spec.boost_clock_mhz * 1e6)
     total = max(compute, cost.bytes / (bw * m_eff) + latency) + p["k0"]
     if cost.category == "conv" and cost.layout and cost.relayout_bytes:
         native = native_conv_layout(spec, cost.dtype, cost.tensor_core)
         if (cost.layout == "nhwc") != (native == LAYOUT_NHWC):  # cuDNN transposes x, y (dy, x, dx backward)
-            total += 2 * cost.relayout_bytes / (bw * m_copy) + (3 if backward else 2) * (latency + p["k0"])
+            bw_copy = spec.memory_bw_gbps * 1e9 * f["b"]
+            if streams_physically(spec, cost.dtype, params.m_stream):  # Note [16-bit streaming]
+                bw_copy, m_copy = spec.memory_bw_gbps * 1e9, params.m_stream
+            total += 2 * cost.relayout_bytes / (bw_copy * m_copy) + (3 if backward else 2) * (latency + p["k0"])
     return total
 
 
