@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from gpemu.cost.model import LAYOUT_NCHW, LAYOUT_NHWC, load_params, native_conv_layout, spec_columns
+from gpemu.cost.model import (
+    LAYOUT_NCHW,
+    LAYOUT_NHWC,
+    LAYOUT_NONE,
+    load_params,
+    native_conv_layout,
+    spec_columns,
+)
 from gpemu.cost.predict import batch_linear_ops, model_phase_seconds, predict_phase
 from gpemu.cost.registry import op_cost, op_layout, tensor_layout
 from gpemu.cost.roofline import cost_time_s
@@ -55,7 +62,8 @@ def test_native_conv_layout_per_arch() -> None:
     v100, a100 = get_gpu("v100-sxm2-32gb"), get_gpu("a100")
     assert native_conv_layout(v100, "fp16", True) == LAYOUT_NHWC  # tensor cores
     assert native_conv_layout(v100, "fp32", False) == LAYOUT_NCHW  # CUDA cores: all the calibration data
-    assert native_conv_layout(a100, "fp32", False) == LAYOUT_NHWC  # TF32 tensor cores
+    assert native_conv_layout(a100, "fp32", False) == LAYOUT_NONE  # TF32: layout-neutral, no transposes
+    assert native_conv_layout(a100, "bf16", True) == LAYOUT_NHWC
     assert native_conv_layout(get_gpu("p100-pcie-16gb"), "fp16", True) == LAYOUT_NCHW  # no tensor cores
 
 

@@ -282,12 +282,14 @@ def mem_param(category: str, backward: bool) -> str:
 # Note [Layout cost]
 # Memory format (NCHW vs channels_last / NHWC, read from strides: Note [Memory format] in registry.py) changes two
 # things in the time model; fp32 NCHW on a GPU without TF32 (all the calibration data) changes in neither.
-#  1. Convolutions. cuDNN's tensor-core kernels (16-bit on cc >= 7.0, TF32 on cc >= 8.0) are NHWC-native; its
-#     CUDA-core fp32 kernels are NCHW-native. A convolution in the other layout is run by transposing each of its
+#  1. Convolutions. cuDNN's 16-bit tensor-core kernels (cc >= 7.0) are NHWC-native; its CUDA-core fp32 kernels
+#     are NCHW-native; TF32 convolutions (cc >= 8.0) are taken as layout-neutral (cuDNN 8 ships NCHW-native TF32
+#     implicit-GEMM kernels, and no published A100 TF32 NCHW-vs-NHWC pair says otherwise: pricing them NHWC-native
+#     took the published A100 TF32 NCHW resnet50 from 7 % to 15 % too slow). A convolution in the other layout is run by transposing each of its
 #     activation tensors into the native one and the result back (nchwToNhwcKernel / nhwcToNchwKernel in a profile):
 #     forward x and y, backward dy, x and dx, each read and written once. Those transposes are separate
 #     memory-bound kernels, so they add  2 * relayout_bytes / (bw * m_elementwise[_bwd] * b) + n * (mem_lat_cycles /
-#     clock + k0) (n tensors transposed) to the convolution's time. A 1x1 stride-1 convolution needs none: in
+#     clock + k0) (n tensors transposed; 16-bit ones stream at m_stream, Note [16-bit streaming]) to the time. A 1x1 stride-1 convolution needs none: in
 #     either layout it is a plain GEMM over the channel dimension (NCHW: W @ X_n with X_n = C x HW; NHWC: X @ W^T
 #     with X = NHW x C), forward and backward, so its relayout_bytes are 0. Nothing is fitted; cuDNN also picks
 #     different (often worse) main kernels for a foreign layout, which this does not model.
@@ -299,13 +301,12 @@ def mem_param(category: str, backward: bool) -> str:
 # On the published resnet50 rows (bench/published_validation.py) the NHWC / NCHW speed ratio comes out 1.15 for AMP
 # on a V100 (published 1.37) and 0.88 for fp32 (published 0.83).
 def native_conv_layout(spec: GPUSpec, dtype: str, tensor_core: bool) -> int:
-    """Return the layout cuDNN's convolution kernels for this dtype on `spec` natively use (LAYOUT_NHWC for tensor
-    cores, LAYOUT_NCHW for CUDA cores; Note [Layout cost])."""
-    tf32 = spec.peak_tflops.get("tf32", 0.0) > 0
+    """Return the layout cuDNN's convolution kernels for this dtype on `spec` natively use: LAYOUT_NHWC for 16-bit
+    tensor cores, LAYOUT_NCHW for CUDA cores, LAYOUT_NONE (either, no transposes) for TF32 (Note [Layout cost])."""
     if dtype in ("fp16", "bf16") and tensor_core and has_tensor_cores(spec) and spec.peak_tflops.get(dtype, 0.0):
         return LAYOUT_NHWC
-    if dtype in ("fp32", "tf32") and tf32:  # fp32 convolutions run on TF32 tensor cores (Note [Time model])
-        return LAYOUT_NHWC
+    if dtype in ("fp32", "tf32") and spec.peak_tflops.get("tf32", 0.0) > 0:  # TF32 convolutions (Note [Time model])
+        return LAYOUT_NONE
     return LAYOUT_NCHW
 
 
@@ -352,8 +353,8 @@ def spec_columns(ops: OpArrays, spec: GPUSpec, tc_eff: float, m_stream: float = 
         plane = np.where(nhwc_bn, np.inf, plane)
         moved = ops.relayout_at_batch(1.0) > 0  # 1x1 stride-1 convolutions move nothing (registry._needs_relayout)
         for j in np.flatnonzero((ops.layout != LAYOUT_NONE) & moved):
-            if ops.category[j] == "conv" and ops.layout[j] != native_conv_layout(spec, ops.dtype[j],
-                                                                                 bool(ops.tensor_core[j])):
+            native = native_conv_layout(spec, ops.dtype[j], bool(ops.tensor_core[j]))
+            if ops.category[j] == "conv" and native != LAYOUT_NONE and ops.layout[j] != native:
                 relayout[j] = 3.0 if ops.names[j].endswith("_backward") else 2.0  # dy, x, dx; forward: x, y
     stream = np.array([c in STREAM_CATEGORIES and streams_physically(spec, d, m_stream)
                        for c, d in zip(ops.category, ops.dtype, strict=True)], dtype=bool)

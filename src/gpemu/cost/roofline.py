@@ -11,6 +11,7 @@ import torch
 from gpemu.cost.model import (
     COMPUTE_PARAMS,
     LAYOUT_NHWC,
+    LAYOUT_NONE,
     STREAM_CATEGORIES,
     CostParams,
     bn_plane,
@@ -100,7 +101,7 @@ def cost_time_s(cost: OpCost, name: str, spec: GPUSpec, params: CostParams | Non
     total = max(compute, cost.bytes / (bw * m_eff) + latency) + p["k0"]
     if cost.category == "conv" and cost.layout and cost.relayout_bytes:
         native = native_conv_layout(spec, cost.dtype, cost.tensor_core)
-        if (cost.layout == "nhwc") != (native == LAYOUT_NHWC):  # cuDNN transposes x, y (dy, x, dx backward)
+        if native != LAYOUT_NONE and (cost.layout == "nhwc") != (native == LAYOUT_NHWC):  # transposes x, y (dy, x, dx)
             bw_copy = spec.memory_bw_gbps * 1e9 * f["b"]
             if streams_physically(spec, cost.dtype, params.m_stream):  # Note [16-bit streaming]
                 bw_copy, m_copy = spec.memory_bw_gbps * 1e9, params.m_stream
