@@ -320,8 +320,11 @@ _COPIES = {"copy_", "_to_copy", "clone", "cat", "stack", "_copy_from", "_copy_fr
            "gather", "scatter", "index", "index_put_", "constant_pad_nd", "roll", "flip", "repeat"}
 _ALLOCS = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "lift_fresh", "_local_scalar_dense",
            "resize_", "set_", "sym_size", "sym_stride", "sym_numel", "is_same_size", "_has_compatible_shallow_copy_type",
-           "_record_function_enter", "_record_function_enter_new", "_record_function_exit",
-           "_unsafe_view", "_reshape_alias"}  # aliases of a contiguous input (matmul's 3-D reshapes): no kernel
+           "_record_function_enter", "_record_function_enter_new", "_record_function_exit"}
+# Known mis-pricing, kept on purpose: `_unsafe_view` / `_reshape_alias` (aliases after matmul's 3-D reshapes and in
+# shufflenet's channel shuffle) launch no kernel but fall through to "elementwise" here. The packaged fitted.json was
+# fitted with them priced so; making them views moved the leave-one-GPU-out spec path from 15.2 / 39.5 % to
+# 15.4 / 39.6 % without a refit. Move them to _ALLOCS together with the next calibration run.
 
 
 def _category_by_name(func: Any, name: str) -> str:
