@@ -120,3 +120,14 @@ def test_batch_norm_is_one_fused_kernel_with_three_passes() -> None:
     # 3 * |x| = 3 * 8*64*28*28*4 = 4816896
     assert (cost.category, cost.bytes) == ("norm", 4816896)
 
+
+
+def test_eval_batch_norm_makes_two_passes() -> None:
+    # training: statistics pass + normalise pass = 3 * |x|; eval (running statistics): read x, write y = 2 * |x|
+    x = torch.empty(8, 64, 14, 14, device="meta")  # 100352 elements, 401408 bytes in fp32
+    w = torch.empty(64, device="meta")
+    train = op_cost(torch.ops.aten.native_batch_norm.default, (x, w, w, w, w, True, 0.1, 1e-5), {}, None)
+    evald = op_cost(torch.ops.aten.native_batch_norm.default, (x, w, w, w, w, False, 0.1, 1e-5), {}, None)
+    legit = op_cost(torch.ops.aten._native_batch_norm_legit_no_training.default, (x, w, w, w, w, 0.1, 1e-5), {},
+                    None)
+    assert (train.bytes, evald.bytes, legit.bytes) == (3 * 401408, 2 * 401408, 2 * 401408)

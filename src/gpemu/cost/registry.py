@@ -263,12 +263,23 @@ def _sdpa_bwd(args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> OpCost:
 
 # -- normalisation (fused single kernels) --------------------------------------------------------------------------
 @register_cost(aten.native_batch_norm, aten._native_batch_norm_legit, aten._native_batch_norm_legit_functional,
-               aten.cudnn_batch_norm, aten._native_batch_norm_legit_no_training)
+               aten.cudnn_batch_norm)
 def _batch_norm(args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> OpCost:
     x = args[0]
+    # the `training` flag: args[5] (args[3] in _native_batch_norm_legit's no-stats overload); the first bool there
+    training = next((a for a in args[3:6] if isinstance(a, bool)), bool(kwargs.get("training", True)))
+    if not training:
+        return _batch_norm_eval(args, kwargs, out)
     # cuDNN training batch norm: one pass reads x for the statistics, a second reads x and writes y -> 3 * |x|.
     size = _nbytes(x)
     return OpCost(8 * x.numel(), 3 * size, "norm", dtype_key(x.dtype), layout=op_layout((x,)))
+
+
+@register_cost(aten._native_batch_norm_legit_no_training)
+def _batch_norm_eval(args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> OpCost:
+    x = args[0]
+    # eval mode normalises with the running statistics: one pass reads x and writes y -> 2 * |x|.
+    return OpCost(4 * x.numel(), 2 * _nbytes(x), "norm", dtype_key(x.dtype), layout=op_layout((x,)))
 
 
 @register_cost(aten.native_batch_norm_backward, aten.cudnn_batch_norm_backward)
