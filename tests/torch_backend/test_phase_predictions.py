@@ -135,3 +135,22 @@ def test_per_op_pricing_sees_channels_last() -> None:
     nchw_s, nhwc_s = times
     # x and y are 32*64*56*56*2 bytes = 12.8 MB each; transposing both moves 2 * 25.7 MB at well under 2 TB/s
     assert nchw_s - nhwc_s > 2 * 25.7e6 / 2039e9
+
+
+def test_bf16_autocast_steps_take_the_amp_bf16_prediction(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # torch.autocast(dtype=torch.bfloat16) is the "amp_bf16" workload dtype, not fp16 "amp": its phase target is
+    # the bf16 trace's prediction (on an A100 the two peaks are equal; a V100 refuses bf16 autocast, as torch does)
+    monkeypatch.setenv("GPEMU_PROFILE_DIR", str(tmp_path))
+    batch = 2
+    forward = predict_phase("a100", "resnet18", "forward", batch, "amp_bf16").value
+    gt.install("a100", replay=False)
+    try:
+        model = torchvision.models.resnet18().cuda()
+        x = torch.randn(batch, 3, 224, 224, device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            model(x).float().mean().backward()
+        described = gt.current_emulation().phases.describe()
+    finally:
+        gt.uninstall()
+    assert described["phase_predicted"]["resnet18/2/amp_bf16/forward"] == [pytest.approx(forward), "spec-model"]
+    assert "resnet18/2/amp/forward" not in described["phase_predicted"]

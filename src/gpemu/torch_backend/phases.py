@@ -288,7 +288,8 @@ class PhaseTracker:
         if workload and not self.model and not _input_matches(workload, batch):  # 64x64 crops: not the profile's step
             workload = None
         emu = state.current_emulation()
-        dtype = "amp" if emu is not None and emu.autocast_dtype() is not None else "fp32"
+        amp = emu.autocast_dtype() if emu is not None else None
+        dtype = "fp32" if amp is None else "amp_bf16" if amp == torch.bfloat16 else "amp"
         fmt = "channels_last" if _channels_last_step(module, batch) else "nchw"
         self.key = (workload, int(batch.shape[0]) if batch.dim() else 1, dtype, fmt) if workload else None
         self._begin("forward")
