@@ -339,9 +339,25 @@ def memory_snapshot() -> list[dict[str, Any]]:
     return out
 
 
+def _unsupported_class(name: str, message: str) -> type:
+    """Return a stand-in class for torch.cuda.`name` whose construction raises a GpemuError with `message`."""
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        from gpemu.errors import GpemuError
+
+        raise GpemuError(message)
+
+    return type(name, (), {"__init__": __init__, "__module__": "torch.cuda", "__doc__": message})
+
+
 def graphs_unsupported(name: str) -> Any:
     """Return a stand-in for a CUDA graph API (`name`) that raises a GpemuError with the workaround."""
-    return _unsupported(name, f"torch.cuda.{name}: CUDA graph capture/replay is not emulated. Workaround: run the step "
-                        "eagerly (turn off the script's CUDA-graph option, e.g. --cuda-graphs / "
-                        "enable_cuda_graph=False); torch.compile's mode='reduce-overhead' already runs eager under "
-                        "gpemu.")
+    message = (f"torch.cuda.{name}: CUDA graph capture/replay is not emulated. Workaround: run the step "
+               "eagerly (turn off the script's CUDA-graph option, e.g. --cuda-graphs / "
+               "enable_cuda_graph=False); torch.compile's mode='reduce-overhead' already runs eager under gpemu.")
+    # Note [Graph classes]: CUDAGraph and graph are classes in torch.cuda, and libraries use them where a class is
+    # needed at import time (transformers annotates `-> torch.cuda.CUDAGraph | None`; others subclass or isinstance
+    # them), so their stand-ins are classes that raise only when constructed; the functions raise when called.
+    if name[:1].isupper() or name == "graph":
+        return _unsupported_class(name, message)
+    return _unsupported(name, message)
