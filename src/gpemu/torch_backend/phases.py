@@ -238,6 +238,11 @@ class PhaseTracker:
         self._targets: dict[tuple[str, int, str, str, str], float | None] = {}
         self._handles: list[Any] = []
         self._param_cache: dict[int, bool] = {}
+        # Note [Keyword inputs]: global forward pre-hooks get only the positional arguments, but Hugging Face
+        # models are called as `model(**batch)`. The patched Module.__call__ (replay.patch_module_call) leaves the
+        # keyword arguments of a call made while no top module is open here; _pre takes them (and drops the
+        # reference, so no batch is kept alive) when they belong to the module it sees.
+        self.pending_kwargs: tuple[torch.nn.Module, dict[str, Any]] | None = None
 
     def install(self) -> None:
         """Register the global module hooks."""
@@ -269,11 +274,14 @@ class PhaseTracker:
     # -- hooks
 
     def _pre(self, module: torch.nn.Module, args: Any) -> None:
+        pending, self.pending_kwargs = self.pending_kwargs, None
         if self.top is not None or _replica_thread():
             return
         from gpemu.torch_backend.tensor import EmuTensor
 
         batch = next((a for a in args if isinstance(a, EmuTensor)), None)
+        if batch is None and pending is not None and pending[0] is module:  # See Note [Keyword inputs]
+            batch = next((v for v in pending[1].values() if isinstance(v, EmuTensor)), None)
         if batch is None or not self._has_params(module):  # loss modules are not the model
             return
         self._close_phase()

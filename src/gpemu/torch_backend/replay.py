@@ -294,6 +294,8 @@ class Replayer:
     def call(self, orig: Any, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Return module(*args, **kwargs): replayed when a matching recording is ready, else per op (recorded)."""
         first = next((a for a in args if isinstance(a, EmuTensor)), None)
+        if first is None:  # `model(**batch)`: Hugging Face style, every tensor a keyword argument
+            first = next((v for v in kwargs.values() if isinstance(v, EmuTensor)), None)
         if first is None or self._sink is not None:
             return orig(module, *args, **kwargs)
         if type(module).__name__ in _NEVER_REPLAY:
@@ -436,6 +438,7 @@ class Replayer:
                 params: list[torch.nn.Parameter], direct: tuple[torch.nn.Parameter, ...] | None) -> Any:
         phases = self.emu.phases
         inputs = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]
+        phases.pending_kwargs = (module, kwargs) if kwargs else None
         phases._pre(module, args)
         outs: Any = None
         try:
@@ -527,8 +530,11 @@ def patch_module_call(emu: Any, patcher: Any) -> None:
     orig = torch.nn.Module.__call__
 
     def __call__(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        phases = emu.phases
+        top = phases.top
+        if top is None:
+            phases.pending_kwargs = (self, kwargs) if kwargs else None  # See Note [Keyword inputs] in phases.py
         rp = emu.replay
-        top = emu.phases.top
         if rp is None or (top is not None and not _replays_inside(top, self)):
             return orig(self, *args, **kwargs)
         return rp.call(orig, self, args, kwargs)
