@@ -128,3 +128,36 @@ def release_casts() -> None:
     for index, handle in emu.autocast_casts.values():
         emu.devices[index].allocator.free(handle)
     emu.autocast_casts.clear()
+
+
+# Note [Conv bias under autocast]: torch.conv1d/2d/3d (composite ops, so before any dispatch gpemu sees) check that the
+# bias has the input's dtype. On a GPU the AutocastCUDA key casts input, weight and bias to the autocast dtype first;
+# on meta tensors it does not fire, so a convolution with a bias whose input is already 16-bit (the output of an
+# earlier autocast layer: every conv of a ConvNeXt but the stem) failed with "Input type (c10::Half) and bias type
+# (float) should be the same". Inside an enabled autocast("cuda") region the patched functions cast a floating bias
+# of another dtype to the input's 16-bit dtype (as autocast would; weight casts stay with adjust_for_autocast).
+def _patched_conv(orig: Any) -> Any:
+    import functools
+
+    from gpemu.torch_backend.tensor import EmuTensor
+
+    @functools.wraps(orig)
+    def conv(input: Any, weight: Any, bias: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if (bias is not None and isinstance(input, EmuTensor) and input.dtype in _LOWP_DTYPES
+                and bias.dtype != input.dtype and bias.is_floating_point()):
+            emu = state.current_emulation()
+            if emu is not None and emu.autocast_dtype() is not None:
+                bias = bias.to(input.dtype)
+        return orig(input, weight, bias, *args, **kwargs)
+
+    return conv
+
+
+def apply(patcher: Any) -> None:
+    """Patch torch.conv1d/2d/3d and their torch.nn.functional names (See Note [Conv bias under autocast])."""
+    import torch.nn.functional as F
+
+    for name in ("conv1d", "conv2d", "conv3d"):
+        patched = _patched_conv(getattr(torch, name))
+        patcher.set(torch, name, patched)
+        patcher.set(F, name, patched)

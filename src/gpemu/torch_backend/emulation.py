@@ -13,7 +13,7 @@ import torch
 from gpemu.device import EmulatedGPU, TraceRecorder
 from gpemu.errors import GpemuError
 from gpemu.hardware import get_gpu
-from gpemu.torch_backend import data_parallel, dropout, module_move, optim_replay, rnn, sdpa, state
+from gpemu.torch_backend import autocast, data_parallel, dropout, module_move, optim_replay, rnn, sdpa, state
 from gpemu.torch_backend.autocast import release_casts
 from gpemu.torch_backend.patches import Patcher, apply
 from gpemu.torch_backend.phases import PhaseLookup, PhaseTracker, model_from_env
@@ -68,6 +68,7 @@ def install(
     sdpa.apply(_patcher)
     dropout.apply(_patcher)
     _patch_autocast(_patcher, emu)
+    autocast.apply(_patcher)
     if replay if replay is not None else replay_enabled_from_env():
         emu.replay = Replayer(emu)
     optim_replay.apply(_patcher)
