@@ -72,3 +72,29 @@ def test_conv_with_bias_on_a_16_bit_input_under_autocast(a100: gt.Emulation) -> 
     assert conv.bias.grad is not None and conv.bias.grad.dtype == torch.float32  # the master bias stays fp32
     with pytest.raises(RuntimeError, match="bias type"):  # outside autocast torch's check stands
         conv(y)
+
+
+def test_masks_built_from_host_values_read_back_their_real_values(a100: gt.Emulation) -> None:
+    from torch.nn.modules.transformer import _detect_is_causal_mask
+
+    # word_language_model: the mask is built on the host and copied; TransformerEncoder compares it with a causal
+    # mask it builds on the device (torch.full + triu) and reads `(mask == causal).all()` back
+    causal = nn.Transformer.generate_square_subsequent_mask(35).cuda()
+    assert _detect_is_causal_mask(causal) is True  # read as False (zeros) before: the explicit-mask path ran
+    assert _detect_is_causal_mask(torch.zeros(35, 35).cuda()) is False  # a mask that is not causal stays so
+    assert torch.equal(causal, nn.Transformer.generate_square_subsequent_mask(35, device="cuda"))
+    # transformers' sdpa_mask drops the mask when `padding_mask.all()`: true only without padding
+    padded = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]]).cuda()
+    assert bool(padded.bool().all()) is False  # the all() default (True) answered before
+    assert bool(torch.ones(2, 4, dtype=torch.long).cuda().bool().all()) is True
+    from gpemu.torch_backend.ops import known_sources
+
+    assert len(known_sources(padded)) == 1 and known_sources(padded.bool()) == known_sources(padded)  # one copy
+    assert known_sources(torch.arange(4, device="cuda") + 1) == frozenset()  # a constant: depends on no input
+    # positions from arange through a comparison and a sum: 4 of the 16 pairs have j >= 3
+    pos = torch.arange(4, device="cuda")
+    assert int((pos[None, :] >= pos.new_full((4, 1), 3)).sum()) == 4
+    # a model's math stays unknown: a weight over KNOWN_VALUE_MAX_BYTES (256 * 128 * 4 B = 128 KiB) is not copied
+    # with its value, so nothing computed from it has one
+    lin = nn.Linear(256, 128).cuda()
+    assert lin(torch.ones(1, 256).cuda())[0, :2].tolist() == [0.0, 0.0]

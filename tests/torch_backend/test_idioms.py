@@ -288,7 +288,10 @@ def test_set_per_process_memory_fraction(emu: gt.Emulation) -> None:
 def test_small_host_values_survive_a_round_trip(emu: gt.Emulation, tmp_path: Path) -> None:
     assert torch.tensor([1.5, 2.5], device="cuda").tolist() == [1.5, 2.5]  # the host wrote these bytes itself
     assert torch.cuda.amp.GradScaler().get_scale() == 65536.0  # 2**16, GradScaler's default init_scale
-    assert (torch.ones(3, device="cuda") * 2).tolist() == [0.0, 0.0, 0.0]  # computed values are still not emulated
+    # small results of host-known inputs are computed (Note [Known values through small ops]); others are not
+    assert (torch.ones(3, device="cuda") * 2).tolist() == [2.0, 2.0, 2.0]
+    assert (torch.randn(3, device="cuda") * 2).tolist() == [0.0, 0.0, 0.0]
+    assert (torch.ones(20_000, device="cuda") * 2)[:2].tolist() == [0.0, 0.0]  # 80 kB > KNOWN_VALUE_MAX_BYTES
     torch.cuda.manual_seed(11)
     torch.save({"cuda_rng": torch.cuda.get_rng_state()}, tmp_path / "rng.pt")
     expected = torch.randperm(20, device="cuda").tolist()
@@ -405,8 +408,11 @@ def test_cuda_generator_pickles_with_its_device_and_state(emu: gt.Emulation) -> 
 def test_a_known_host_value_is_forgotten_after_an_in_place_device_op(emu: gt.Emulation) -> None:
     t = torch.tensor([1, 2, 3]).cuda()
     assert t.tolist() == [1, 2, 3]  # copied from the host: the value is known
-    t.add_(torch.ones(3, dtype=torch.long, device="cuda").cumsum(0))  # computed on the device: values not emulated
+    t.add_(torch.randint(0, 9, (3,), device="cuda"))  # a random draw on the device: its values are not emulated
     assert t.tolist() == [0, 0, 0]  # not the stale [1, 2, 3]
+    v = torch.tensor([1, 2, 3]).cuda()
+    v.add_(torch.ones(3, dtype=torch.long, device="cuda").cumsum(0))  # host-known operands: computed on the host
+    assert v.tolist() == [2, 4, 6]  # 1+1, 2+2, 3+3 (cumsum of ones is 1, 2, 3)
     u = torch.tensor([1, 2, 3]).cuda()
     u.add_(1)  # a number added to a known value: applied on the host too (Note [Counters on the device])
     assert u.tolist() == [2, 3, 4]

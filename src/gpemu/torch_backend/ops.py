@@ -83,19 +83,33 @@ KNOWN_VALUE_MAX_BYTES = 64 * 1024
 _known: dict[int, tuple[weakref.ref[EmuTensor], torch.Tensor, bool, int]] = {}
 
 
-def set_known_value(t: EmuTensor, value: torch.Tensor, default: bool = False, bumps: int = 0) -> None:
+def set_known_value(t: EmuTensor, value: torch.Tensor, default: bool = False, bumps: int = 0,
+                    sources: frozenset[int] | None = None) -> None:
     """Record the CPU value of emulated tensor `t`; `.cpu()`/`.tolist()`/`.item()` of `t` return it until `t` is
-    modified in place (`bumps`: version increments torch will still make for the op being handled)."""
+    modified in place (`bumps`: version increments torch will still make for the op being handled). `sources`: the
+    host copies the value was computed from (None: `t` itself is one; empty: a constant). See Note [Known values
+    through small ops]."""
     key = id(t)
     version = _version_of(t)
     _pending.pop(key, None)
     _known[key] = (weakref.ref(t, lambda _ref, key=key: _forget(key)), value, default,  # type: ignore[misc]
                    version + bumps if version >= 0 else version)
+    _sources[key] = frozenset((key,)) if sources is None else sources
 
 
 def _forget(key: int) -> None:
     _known.pop(key, None)
     _pending.pop(key, None)
+    _sources.pop(key, None)
+
+
+# id(tensor) -> ids of the host copies its known value was computed from (see set_known_value)
+_sources: dict[int, frozenset[int]] = {}
+
+
+def known_sources(t: torch.Tensor) -> frozenset[int]:
+    """Return the host copies `t`'s known value derives from (empty when it has none or is a constant)."""
+    return _sources.get(id(t), frozenset()) if _known_record(t) is not None else frozenset()
 
 
 # id(tensor) -> in-place scalar ops applied on the device and not yet to the recorded host value (applied on read);
@@ -216,7 +230,7 @@ def _to_copy(func: Any, args: Any, kwargs: Any) -> Any:
         if _known and id(x) in _known and isinstance(out, EmuTensor):  # a cast of a host-known value: labels.float()
             value = known_value(x)
             if value is not None:
-                set_known_value(out, value.to(out.dtype))
+                set_known_value(out, value.to(out.dtype), sources=_sources.get(id(x)))
         return out
     # a CPU source with an emulated device argument cannot reach here (the CPU kernel handles it)
     return run_op(func, args, kwargs)
@@ -260,7 +274,10 @@ def _item(func: Any, args: Any, kwargs: Any) -> Any:
 
 @_special(aten.equal.default)
 def _equal(func: Any, args: Any, kwargs: Any) -> Any:
+    known = [known_value(t) if isinstance(t, EmuTensor) else t for t in args[:2]]
     values = [device_to_host(t, reason="torch.equal") if isinstance(t, EmuTensor) else t for t in args[:2]]
+    if known[0] is not None and known[1] is not None:  # both computed from host-known values: the real answer
+        return bool(torch.equal(known[0], known[1]))
     if args[0].dtype == torch.bool and args[0].numel() == 1 and args[0].shape == args[1].shape:
         # torch's C++ checks `is_scalar_tensor_true(cond)` = equal(cond, cond.new_ones(())): a check result reads
         # False like any bool read, so the check passes (istft's window-envelope check)
@@ -359,6 +376,8 @@ SPECIAL[aten.index_put.default] = _bool_index
 
 def _all_any(func: Any, args: Any, kwargs: Any) -> Any:
     out = run_op(func, args, kwargs)
+    if isinstance(out, EmuTensor) and propagate_known(func, args, kwargs, out):
+        return out  # the input's value is known (a mask built from host data): the real answer
     if isinstance(out, EmuTensor):
         fill = func.overloadpacket in (aten.all, aten._is_all_true)
         set_known_value(out, torch.full(tuple(out.shape), fill, dtype=out.dtype, device="cpu"), default=True)
@@ -528,7 +547,7 @@ def _reduce_known(func: Any, args: Any, kwargs: Any) -> Any:
     out = _tensor_mod.run_op(func, args, kwargs)
     value = known_value(args[0]) if _known and isinstance(args[0], EmuTensor) else None
     if value is not None and isinstance(out, EmuTensor):  # e.g. num_classes = labels.max().item() + 1
-        set_known_value(out, func(value, *args[1:], **kwargs))
+        set_known_value(out, func(value, *args[1:], **kwargs), sources=_sources.get(id(args[0])))
     return out
 
 
@@ -636,3 +655,94 @@ def unwrap_meta_call(func: Any, args: Any, kwargs: Any) -> Any:
     """Run `func` on the meta view of its arguments (no charge, no wrapping): for shape-only questions."""
     uargs, ukwargs, _, _ = unwrap_all(args, kwargs)
     return call_meta(func, uargs, ukwargs)
+
+
+# Note [Known values through small ops]: a value read on the host can pick the path a script takes. Where the value
+# comes from host data, reading zeros (or the sanity-check defaults) picks the wrong path: nn.TransformerEncoder's
+# `_detect_is_causal_mask` builds a causal mask on the device and compares it with the user's mask
+# (`bool((mask == causal).all())`), transformers' mask helpers ask `padding_mask.all()`. gpemu knows the values of
+# small host copies, constants from factories and counters (above); propagate_known extends that through any
+# deterministic op whose emulated tensor inputs all have known (not default) values and whose outputs are at most
+# KNOWN_VALUE_MAX_BYTES each: the op also runs on the CPU values (tiny: masks, positions, counters), and the result
+# is recorded with the host copies it derives from (`sources`, known_sources(): a read that depends on a step's input
+# batch differs from one on constants; the replay path does not use it yet, so a forward that reads a value on the
+# host is still never replayed). Ops with a large or unknown input (a model's math) return at the first such argument.
+# Small parameters copied from the host (under KNOWN_VALUE_MAX_BYTES) are known too, so a tiny model computes real
+# values; a real model's weights are larger, and anything computed from them stays unknown.
+
+_value_ok: dict[Any, bool] = {}
+
+
+def _propagates(func: Any) -> bool:
+    ok = _value_ok.get(func)
+    if ok is None:
+        schema = func._schema
+        ok = _value_ok[func] = (torch.Tag.nondeterministic_seeded not in func.tags
+                                and not any(a.kwarg_only and a.name == "out" for a in schema.arguments))
+    return ok
+
+
+class _Unknown(Exception):
+    pass
+
+
+def propagate_known(func: Any, args: Any, kwargs: Any, out: Any) -> bool:
+    """Record known values for the outputs of `func` when every emulated input has one (Note [Known values through
+    small ops]); return True when it did."""
+    for a in args:  # the common case first: a model's tensors are unknown, and the first one settles it
+        if type(a) is EmuTensor:
+            if id(a) not in _known:
+                return False
+            break
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    for o in outs:
+        if isinstance(o, EmuTensor) and o.numel() * o.element_size() > KNOWN_VALUE_MAX_BYTES:
+            return False
+    if not any(isinstance(o, EmuTensor) for o in outs) or not _propagates(func):
+        return False
+    sources: set[int] = set()
+    seen = [False]
+
+    def host(a: Any) -> Any:
+        if isinstance(a, EmuTensor):
+            rec = _known_record(a)
+            if rec is None or rec[1]:
+                raise _Unknown
+            seen[0] = True
+            sources.update(_sources.get(id(a), ()))
+            return rec[0]
+        if isinstance(a, (list, tuple)) and a and not isinstance(a[0], (int, float)):
+            return type(a)(host(v) for v in a)
+        if isinstance(a, torch.device) and a.type == "cuda":
+            return torch.device("cpu")
+        if isinstance(a, torch.Tensor) and a.device.type != "cpu":
+            raise _Unknown
+        return a
+
+    try:
+        hargs = [host(a) for a in args]
+        hkwargs = {k: host(v) for k, v in kwargs.items()}
+    except _Unknown:
+        return False
+    if not seen[0]:
+        return False
+    frozen = frozenset(sources)
+    mutable = func._schema.is_mutable
+    try:
+        if mutable:
+            if out is not args[0] or func.is_view:
+                return False
+            target = hargs[0] = hargs[0].clone()
+            func(*hargs, **hkwargs)
+            set_known_value(args[0], target, bumps=1, sources=frozen)  # torch bumps the version after dispatch
+            return True
+        hout = func(*hargs, **hkwargs)
+    except Exception:  # an op the CPU cannot run on these values: the outputs stay unknown
+        return False
+    houts = hout if isinstance(hout, (tuple, list)) else (hout,)
+    done = False
+    for o, h in zip(outs, houts, strict=False):
+        if isinstance(o, EmuTensor) and isinstance(h, torch.Tensor) and h.shape == o.shape:
+            set_known_value(o, h, sources=frozen)
+            done = True
+    return done

@@ -14,7 +14,13 @@ import torch
 
 from gpemu.errors import GpemuError
 from gpemu.torch_backend import cuda_api, default_device, legacy, profiling, rng, serialization, state
-from gpemu.torch_backend.ops import device_to_host, host_to_device, peer_copy, set_known_value
+from gpemu.torch_backend.ops import (
+    KNOWN_VALUE_MAX_BYTES,
+    device_to_host,
+    host_to_device,
+    peer_copy,
+    set_known_value,
+)
 from gpemu.torch_backend.pinned import is_pinned, pin
 from gpemu.torch_backend.tensor import META, EmuTensor, charge, wrap
 
@@ -218,6 +224,10 @@ _FILL_FACTORIES = ("zeros", "ones", "full", "rand", "randn", "randint", "arange"
                    "randperm", "scalar_tensor", "normal", "zeros_like", "ones_like", "full_like", "rand_like",
                    "randn_like", "randint_like", "range", "tril_indices", "triu_indices", "hann_window",
                    "hamming_window", "blackman_window", "bartlett_window", "kaiser_window")
+# deterministic fill factories whose small results keep their host value (Note [Known values through small ops])
+_KNOWN_FACTORIES = frozenset(("zeros", "ones", "full", "arange", "eye", "linspace", "logspace", "scalar_tensor",
+                              "range", "tril_indices", "triu_indices", "hann_window", "hamming_window",
+                              "blackman_window", "bartlett_window", "kaiser_window"))
 _EMPTY_FACTORIES = ("empty", "empty_strided", "empty_like", "empty_permuted")
 _HOST_FACTORIES = ("tensor", "as_tensor", "asarray")
 
@@ -246,8 +256,9 @@ def _patched_factory(name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
             out = wrap(meta, index, tag=f"torch.{name}")
             if name == "randperm":
                 _record_randperm(out, orig, args, kwargs, index)
-            elif name == "full" and meta.numel() <= 16:  # GradScaler's scale, loss-scale style scalars
-                set_known_value(out, orig(*args, **{**kwargs, "device": "cpu"}))
+            elif name in _KNOWN_FACTORIES and meta.numel() * meta.element_size() <= KNOWN_VALUE_MAX_BYTES:
+                # constants (GradScaler's scale, positions, masks): See Note [Known values through small ops]
+                set_known_value(out, orig(*args, **{**kwargs, "device": "cpu"}), sources=frozenset())
             if kind == "fill":
                 nbytes = meta.numel() * meta.element_size()
                 charge(index, f"{name} (fill)", nbytes / state.require().devices[index].spec.memory_bw_bytes_per_s)

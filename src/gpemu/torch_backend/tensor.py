@@ -152,13 +152,21 @@ class EmuTensor(torch.Tensor):
         handler = special.get(func)
         meter = _meter
         if meter[2]:  # nested inside another op's handling: the outer call is being timed
-            return handler(func, args, kwargs or {}) if handler is not None else run_op(func, args, kwargs or {})
+            if handler is not None:
+                return handler(func, args, kwargs or {})
+            out = run_op(func, args, kwargs or {})
+            if _known_values:  # See Note [Known values through small ops] in ops.py
+                _propagate(func, args, kwargs or {}, out)
+            return out
         meter[2] = 1
         t0 = _perf_counter()
         try:
             if handler is not None:
                 return handler(func, args, kwargs or {})
-            return run_op(func, args, kwargs or {})
+            out = run_op(func, args, kwargs or {})
+            if _known_values:
+                _propagate(func, args, kwargs or {}, out)
+            return out
         finally:
             meter[0] += _perf_counter() - t0
             meter[1] += 1
@@ -194,13 +202,15 @@ class WaitsInsideOps:
 
 
 _special: dict[Any, Any] | None = None  # gpemu.torch_backend.ops.SPECIAL, bound on first dispatch (import cycle)
+_known_values: dict[int, Any] = {}  # gpemu.torch_backend.ops._known, bound with _special
+_propagate: Any = None  # gpemu.torch_backend.ops.propagate_known, bound with _special
 
 
 def _load_special() -> dict[Any, Any]:
-    global _special
-    from gpemu.torch_backend.ops import SPECIAL
+    global _special, _known_values, _propagate
+    from gpemu.torch_backend.ops import SPECIAL, _known, propagate_known
 
-    _special = SPECIAL
+    _special, _known_values, _propagate = SPECIAL, _known, propagate_known
     return SPECIAL
 
 
