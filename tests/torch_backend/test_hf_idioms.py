@@ -98,3 +98,87 @@ def test_masks_built_from_host_values_read_back_their_real_values(a100: gt.Emula
     # with its value, so nothing computed from it has one
     lin = nn.Linear(256, 128).cuda()
     assert lin(torch.ones(1, 256).cuda())[0, :2].tolist() == [0.0, 0.0]
+
+
+class _PadAware(nn.Module):
+    """Reads `attention_mask.all()` on the host in forward and masks only when there is padding (transformers)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(256, 256)  # 256 KiB of weights: its math is not computed
+
+    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x)
+        if not bool(attention_mask.bool().all()):
+            h = h * attention_mask[..., None]
+        return h
+
+
+def _steps(model: nn.Module, masks: list[torch.Tensor]) -> list[int]:
+    """Run one forward/backward per mask; return the D2H bytes each step copied."""
+    emu = gt.current_emulation()
+    assert emu is not None
+    stats = emu.devices[0].stats
+    x = torch.randn(4, 8, 256, device="cuda")
+    out = []
+    for m in masks:
+        before = stats.d2h_bytes
+        model(x, m).sum().backward()
+        out.append(stats.d2h_bytes - before)
+    return out
+
+
+def test_a_forward_that_reads_a_fixed_mask_replays_with_its_read(a100: gt.Emulation) -> None:
+    model = _PadAware().cuda()
+    mask = torch.ones(4, 8, dtype=torch.long).cuda()
+    copied = _steps(model, [mask] * 4)
+    assert a100.replay is not None
+    assert (a100.replay.recorded, a100.replay.replayed) == (2, 2)  # before: a read in forward was never replayed
+    # every step, replayed or not, copies the 1-byte all() result and the loss is not read: 1 byte per step
+    assert copied == [1, 1, 1, 1]
+
+
+def test_a_forward_whose_read_depends_on_each_batch_is_keyed_by_its_values(a100: gt.Emulation) -> None:
+    model = _PadAware().cuda()
+    full = torch.ones(4, 8, dtype=torch.long)
+    padded = full.clone()
+    padded[0, 5:] = 0
+    masks = [m.cuda() for m in (full, padded, full, padded, full, padded, full)]
+    _steps(model, masks)
+    assert a100.replay is not None
+    # call 1 learns that the read depends on the mask, and each mask value is its own key: full records at calls
+    # 1 and 3 and replays at 5 and 7, padded records at 2 and 4 and replays at 6
+    assert (a100.replay.recorded, a100.replay.replayed) == (4, 3)
+    # a replayed step takes the path its mask takes per op: the padded step's extra multiply is in its recording
+    ready = {id(e.ready): e.ready for e in a100.replay.entries[model].values() if e.ready is not None}
+    ops = sorted(len(r.fwd) for r in ready.values())
+    assert len(ops) == 2 and ops[1] == ops[0] + 1
+
+
+def test_transformer_encoder_with_a_causal_mask_replays(a100: gt.Emulation) -> None:
+    class LM(nn.Module):  # pytorch/examples word_language_model: the mask is an attribute, built once
+        def __init__(self) -> None:
+            super().__init__()
+            self.enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0), 2,
+                                             enable_nested_tensor=False)
+            self.src_mask = nn.Transformer.generate_square_subsequent_mask(35).cuda()
+
+        def forward(self, src: torch.Tensor) -> torch.Tensor:
+            return self.enc(src, mask=self.src_mask)
+
+    model = LM().cuda()
+    src = torch.randn(35, 4, 64, device="cuda")
+    for _ in range(4):
+        with torch.autocast("cuda", dtype=torch.float16):
+            out = model(src)
+        out.float().sum().backward()
+    assert a100.replay is not None
+    # before: the encoder's mask check read the host every forward, so no call was ever replayed
+    assert (a100.replay.recorded, a100.replay.replayed) == (2, 2)
+    rec = next(e.ready for e in a100.replay.entries[model].values() if e.ready is not None)
+    assert [r[2] for r in rec.reads] == ["tensor.item()"]  # the encoder checks the mask once for all layers
+    # the mask reads as causal (it read as all zeros before), so attention runs as flash attention with
+    # is_causal=True, not the efficient kernel with an explicit mask
+    names = {name for name, _s, _c in rec.fwd}
+    assert "_scaled_dot_product_flash_attention.default" in names
+    assert "_scaled_dot_product_efficient_attention.default" not in names

@@ -112,6 +112,12 @@ def known_sources(t: torch.Tensor) -> frozenset[int]:
     return _sources.get(id(t), frozenset()) if _known_record(t) is not None else frozenset()
 
 
+# Set by the replay recorder while it records a forward: read_sink(nbytes, reason, sources) sees every
+# device-to-host read, with the host copies a known value read derives from (empty: a constant or a default answer).
+# See Note [Replay with host reads] in replay.py.
+read_sink: Any = None
+
+
 # id(tensor) -> in-place scalar ops applied on the device and not yet to the recorded host value (applied on read);
 # See Note [Counters on the device]
 _pending: dict[int, list[tuple[Any, list[Any], dict[str, Any]]]] = {}
@@ -186,20 +192,27 @@ def host_to_device(src: torch.Tensor, index: int, non_blocking: bool = False, dt
 
 def device_to_host(t: EmuTensor, reason: str = "d2h", dtype: torch.dtype | None = None) -> torch.Tensor:
     """Copy an emulated tensor to the host: wait for its stream, charge the copy, return zeros (or hook values)."""
-    emu = state.require()
-    device = emu.devices[t._index]
     nbytes = _nbytes(t)
-    work = emu.current_stream(t._index).enqueue(
-        nbytes / (device.spec.d2h_pinned_gbps * 1e9), "memcpy DtoH", "d2h", "d2h", {"bytes": nbytes}
-    )
-    device.stats.d2h_bytes += nbytes
-    device.host_wait(work.end_s, reason=reason)
+    charge_read(t._index, nbytes, reason)
     rec = _known_record(t)
     if rec is not None and not rec[1]:
         out = rec[0].clone()
     else:
         out = host_value(tuple(t.shape), t.dtype, reason, rec[0] if rec is not None else None)
+    if read_sink is not None:
+        read_sink(nbytes, reason, _sources.get(id(t), frozenset()) if rec is not None and not rec[1] else frozenset())
     return out.to(dtype) if dtype is not None else out
+
+
+def charge_read(index: int, nbytes: int, reason: str, args: dict[str, Any] | None = None) -> None:
+    """Queue a D2H copy of `nbytes` on the current stream of device `index` and block the host until it is done."""
+    emu = state.require()
+    device = emu.devices[index]
+    work = emu.current_stream(index).enqueue(
+        nbytes / (device.spec.d2h_pinned_gbps * 1e9), "memcpy DtoH", "d2h", "d2h", {"bytes": nbytes, **(args or {})}
+    )
+    device.stats.d2h_bytes += nbytes
+    device.host_wait(work.end_s, reason=reason)
 
 
 def peer_copy(t: EmuTensor, index: int) -> EmuTensor:
@@ -665,8 +678,8 @@ def unwrap_meta_call(func: Any, args: Any, kwargs: Any) -> Any:
 # deterministic op whose emulated tensor inputs all have known (not default) values and whose outputs are at most
 # KNOWN_VALUE_MAX_BYTES each: the op also runs on the CPU values (tiny: masks, positions, counters), and the result
 # is recorded with the host copies it derives from (`sources`, known_sources(): a read that depends on a step's input
-# batch differs from one on constants; the replay path does not use it yet, so a forward that reads a value on the
-# host is still never replayed). Ops with a large or unknown input (a model's math) return at the first such argument.
+# batch differs from one on constants: Note [Replay with host reads] in replay.py). Ops with a large or unknown input
+# (a model's math) return at the first such argument.
 # Small parameters copied from the host (under KNOWN_VALUE_MAX_BYTES) are known too, so a tiny model computes real
 # values; a real model's weights are larger, and anything computed from them stays unknown.
 

@@ -17,9 +17,21 @@ custom autograd.Function over (inputs, *parameters) that
 Replay falls back to the per-op path (and records anew) when the key changes (batch size, input shape, train/eval,
 parameters), when any module hook or another global module hook is registered, for DDP/FSDP wrappers (their
 forward must reach the communication library), and never replays a call whose
-recording saw something it cannot reproduce: host syncs, copies, work on other streams or devices, outputs that
-alias inputs or parameters, or outputs that are not emulated tensors. GPEMU_REPLAY=0 (or install(replay=False))
-disables it.
+recording saw something it cannot reproduce: host syncs other than value reads in forward (Note [Replay with host
+reads]), copies, work on other streams or devices, outputs that alias inputs or parameters, or outputs that are not
+emulated tensors. GPEMU_REPLAY=0 (or install(replay=False)) disables it.
+
+Note [Replay with host reads]: models read values back in forward on a real GPU too, and branch on them:
+nn.TransformerEncoder's causal-mask check (`bool((mask == causal).all())`), transformers' `padding_mask.all()`
+before dropping an all-ones attention mask. A recording with such reads (device-to-host copies through
+ops.device_to_host) is replayable: the replayed forward charges the recorded ops up to each read, then the read's
+copy and the host's wait for it (the same stall a GPU has), then the rest. What was read must not change the path,
+so it must be the same on the replayed call: a read of a value gpemu does not know (the model's math) always reads
+the same default; a read of a known value depends on the host copies it was computed from (ops.known_sources, Note
+[Known values through small ops] in ops.py). Constants and module buffers are the same on every call; inputs of the
+call that a read depended on are added to the replay key by the digest of their host values. So a forward that asks
+whether a fixed attention mask is all ones replays, and one whose masks change every batch (random padding) runs per
+op, as each batch could take another path.
 """
 
 from __future__ import annotations
@@ -34,6 +46,7 @@ import torch.nn.modules.module as _nn_module
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from gpemu.device.allocator import round_size
+from gpemu.torch_backend import ops as emu_ops
 from gpemu.torch_backend import state
 from gpemu.torch_backend import tensor as emu_tensor
 from gpemu.torch_backend.tensor import META, EmuTensor, block_sizes, fresh, fresh_block, fresh_on
@@ -89,10 +102,15 @@ class Recording:
     fwd_chunks: list[Chunk] = field(default_factory=list)
     bwd_chunks: list[Chunk] = field(default_factory=list)
     grad_plans: dict[Any, _GradPlan] = field(default_factory=dict)  # by (needs_input_grad, direct pattern)
+    # host reads in forward: (ops charged before it, bytes, reason); See Note [Replay with host reads]
+    reads: list[tuple[int, int, str]] = field(default_factory=list)
+    read_sources: set[int] = field(default_factory=set)
+    fwd_segments: list[tuple[list[Chunk], tuple[int, str] | None]] = field(default_factory=list)
 
     def matches(self, other: Recording) -> bool:
         """Return True when both calls ran the same ops at the same predicted costs with about the same memory."""
-        if (self.fwd, self.bwd, self.out_meta, self.stream_id) != (other.fwd, other.bwd, other.out_meta, other.stream_id):
+        if (self.fwd, self.bwd, self.out_meta, self.stream_id, self.reads) != (
+                other.fwd, other.bwd, other.out_meta, other.stream_id, other.reads):
             return False
         # the caching allocator hands out whole blocks depending on what is cached, so byte counts move a little
         # from call to call (~0.5% on resnet18); a changed model moves them far more
@@ -124,11 +142,15 @@ class _Window:
         end = self.allocator.memory_allocated()
         return end, self.allocator.end_peak_window(self.token)
 
-    def clean(self, charged: int) -> bool:
-        """Return True when the window saw exactly `charged` work items, no copies and no host syncs."""
+    def clean(self, charged: int, reads: list[tuple[int, int, str]] | None = None) -> bool:
+        """Return True when the window saw exactly `charged` work items and no copies or host syncs but `reads`
+        (recorded host reads: one D2H copy each, and the host's waits for them)."""
         before = self.effects
         after = _effects(self.device)
-        return after[0] - before[0] == charged and after[1:] == before[1:]
+        if not reads:
+            return after[0] - before[0] == charged and after[1:] == before[1:]
+        return (after[0] - before[0] == charged + len(reads) and after[1] == before[1]
+                and after[2] - before[2] == sum(r[1] for r in reads))
 
 
 def _effects(device: Any) -> tuple[int, int, int, float]:
@@ -153,6 +175,26 @@ def _chunks(ops: list[tuple[str, float, str]], phase: str) -> list[Chunk]:
             out.append(Chunk(f"replay {phase}: {name}", predicted_s, category, 1))
         del i
     return out
+
+
+def _segments(rec: Recording) -> list[tuple[list[Chunk], tuple[int, str] | None]]:
+    """Return the forward as (chunks, host read after them or None) runs split at the recorded host reads."""
+    out: list[tuple[list[Chunk], tuple[int, str] | None]] = []
+    start = 0
+    for pos, nbytes, reason in rec.reads:
+        out.append((_chunks(rec.fwd[start:pos], "forward"), (nbytes, reason)))
+        start = pos
+    out.append((_chunks(rec.fwd[start:], "forward"), None))
+    return out
+
+
+def _value_digest(t: torch.Tensor) -> Any:
+    """Return a hashable digest of `t`'s host-known value (None when gpemu does not know it)."""
+    value = emu_ops.known_value(t)
+    if value is None:
+        return None
+    flat = value.reshape(-1).contiguous()
+    return (value.dtype, tuple(value.shape), hash(flat.view(torch.uint8).numpy().tobytes()))
 
 
 def _charge_chunks(emu: Any, index: int, chunks: list[Chunk]) -> None:
@@ -183,7 +225,10 @@ class _ReplayFn(torch.autograd.Function):
         device = emu.devices[rec.index]
         alloc = device.allocator
         stream_id = emu.current_stream(rec.index).stream_id
-        _charge_chunks(emu, rec.index, rec.fwd_chunks)
+        for chunks, read in rec.fwd_segments:  # See Note [Replay with host reads]
+            _charge_chunks(emu, rec.index, chunks)
+            if read is not None:
+                emu_ops.charge_read(rec.index, read[0], read[1], {"replay": True})
         ctx.rec = rec
         ctx.held = _Held(alloc, alloc.malloc(rec.saved_bytes, stream_id, "replay: saved activations")) if (
             rec.saved_bytes > 0) else None
@@ -282,6 +327,11 @@ class Replayer:
         self.entries: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[Any, ...], _Entry]] = (
             weakref.WeakKeyDictionary()
         )
+        # per top module: key -> positions of the inputs whose host values a forward's reads depended on (their
+        # digest joins the key). See Note [Replay with host reads]
+        self.value_inputs: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[Any, ...], tuple[int, ...]]] = (
+            weakref.WeakKeyDictionary()
+        )
         self.replayed = 0  # calls replayed (for tests and reports)
         self.recorded = 0  # calls recorded on the per-op path
         self._sink: list[tuple[str, float, str]] | None = None
@@ -305,6 +355,13 @@ class Replayer:
             key = self._key(module, args, kwargs, walk[1]) if walk is not None else None
         if walk is None or key is None:
             return orig(module, *args, **kwargs)
+        base = key
+        by_key = self.value_inputs.get(module)
+        if by_key:
+            positions = by_key.get(key)
+            if positions is not None:
+                inputs = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]
+                key = (key, tuple(_value_digest(inputs[i]) for i in positions))
         per_module = self.entries.get(module)
         if per_module is None:
             per_module = self.entries[module] = {}
@@ -316,7 +373,7 @@ class Replayer:
             direct = tuple(params) if direct_ok and not _distributed() else None
             with _plain_attrs():
                 return self._replay(module, entry.ready, args, kwargs, params, direct)
-        return self._record(orig, module, entry, first._index, args, kwargs, params)
+        return self._record(orig, module, entry, first._index, args, kwargs, params, base)
 
     def _key(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
              params_key: tuple[Any, ...]) -> tuple[Any, ...] | None:
@@ -352,17 +409,28 @@ class Replayer:
             rec.ok = False
         self._sink.append((name, predicted_s, category))
 
+    def _read(self, nbytes: int, reason: str, sources: frozenset[int]) -> None:
+        """Note one host read in the forward being recorded (set as ops.read_sink)."""
+        rec = self._sink_rec
+        if rec is None or self._sink is None:
+            return
+        rec.reads.append((len(self._sink), nbytes, reason))
+        rec.read_sources.update(sources)
+
     def _open(self, rec: Recording, ops: list[tuple[str, float, str]], bwd: bool) -> None:
         self._sink, self._sink_rec, self._sink_bwd, self._skipped = ops, rec, bwd, 0
         emu_tensor.record_sink = self.sink
+        if not bwd:
+            emu_ops.read_sink = self._read
 
     def _close(self) -> int:
         emu_tensor.record_sink = None
+        emu_ops.read_sink = None
         self._sink, self._sink_rec, self._sink_bwd = None, None, False
         return self._skipped
 
     def _record(self, orig: Any, module: torch.nn.Module, entry: _Entry, index: int, args: tuple[Any, ...],
-                kwargs: dict[str, Any], params: list[torch.nn.Parameter]) -> Any:
+                kwargs: dict[str, Any], params: list[torch.nn.Parameter], base: tuple[Any, ...]) -> Any:
         emu = self.emu
         device = emu.devices[index]
         rec = Recording(index, emu.current_stream(index).stream_id)
@@ -376,7 +444,17 @@ class Replayer:
             self._close()
             end, peak = win.close()
         self.recorded += 1
-        rec.ok = rec.ok and win.clean(len(rec.fwd))
+        rec.ok = rec.ok and win.clean(len(rec.fwd), rec.reads)
+        if rec.read_sources:  # reads that depended on host values: which inputs? See Note [Replay with host reads]
+            positions = tuple(i for i, t in enumerate(inputs) if emu_ops.known_sources(t) & rec.read_sources)
+            if positions:
+                by_key = self.value_inputs.get(module)
+                if by_key is None:
+                    by_key = self.value_inputs[module] = {}
+                if base not in by_key:  # this call ran under the plain key: file its recording under the full one
+                    by_key[base] = positions
+                    full = (base, tuple(_value_digest(inputs[i]) for i in positions))
+                    self.entries[module].setdefault(full, entry)
         leaves, rec.out_spec = tree_flatten(out)
         if not leaves or not all(isinstance(t, EmuTensor) and t._index == index for t in leaves):
             rec.ok = False
@@ -429,6 +507,7 @@ class Replayer:
         entry.last = rec
         if rec.ok and last is not None and last.ok and last.matches(rec):
             rec.fwd_chunks = _chunks(rec.fwd, "forward")
+            rec.fwd_segments = _segments(rec)
             rec.bwd_chunks = _chunks(rec.bwd, "backward")
             entry.ready = rec
 
