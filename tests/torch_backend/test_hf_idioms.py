@@ -182,3 +182,77 @@ def test_transformer_encoder_with_a_causal_mask_replays(a100: gt.Emulation) -> N
     names = {name for name, _s, _c in rec.fwd}
     assert "_scaled_dot_product_flash_attention.default" in names
     assert "_scaled_dot_product_efficient_attention.default" not in names
+
+
+class _CacheLike(nn.Module):
+    """Starts an empty tensor on the device each forward (transformers' DynamicLayer) and returns constants."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(256, 256)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, None, int]:
+        keys = torch.tensor([], device=x.device)  # an empty host copy: torch copies nothing
+        return torch.cat([keys, self.lin(x).flatten()]), None, 3
+
+
+def test_empty_host_copies_are_free_and_constant_outputs_replay(a100: gt.Emulation) -> None:
+    stats = a100.devices[0].stats
+    works, waits = sum(stats.work_count.values()), sum(stats.host_wait_s.values())
+    torch.tensor([], device="cuda")
+    # no copy was queued and the host did not wait (before: a pageable copy of 0 bytes, which waited for the GPU)
+    assert (sum(stats.work_count.values()), sum(stats.host_wait_s.values())) == (works, waits)
+    model = _CacheLike().cuda()
+    x = torch.randn(4, 256, device="cuda")
+    outs = []
+    for _ in range(4):
+        out = model(x)
+        out[0].sum().backward()
+        outs.append(out)
+    assert a100.replay is not None and (a100.replay.recorded, a100.replay.replayed) == (2, 2)
+    assert outs[-1][1:] == (None, 3) and tuple(outs[-1][0].shape) == (1024,)  # 4 * 256
+
+
+def test_gpt2_training_forward_replays_with_its_cache(a100: gt.Emulation) -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=512, n_positions=64)
+    model = transformers.GPT2LMHeadModel(config).cuda()
+    ids = torch.randint(0, 512, (2, 64)).cuda()
+    outs = []
+    for _ in range(4):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        outs.append(out)
+    assert a100.replay is not None
+    # the forward builds a DynamicCache (use_cache) from torch.tensor([]) copies and returns it: it recorded but
+    # never replayed before
+    assert (a100.replay.recorded, a100.replay.replayed) == (2, 2)
+    assert isinstance(outs[-1].past_key_values, transformers.DynamicCache)
+    assert tuple(outs[-1].logits.shape) == (2, 64, 512)
+
+
+def test_bert_with_a_fixed_attention_mask_replays(a100: gt.Emulation) -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                                     intermediate_size=128, vocab_size=512)
+    model = transformers.BertForSequenceClassification(config).cuda()
+    batch = {"input_ids": torch.randint(0, 512, (4, 32)).cuda(), "attention_mask": torch.ones(4, 32).long().cuda(),
+             "labels": torch.randint(0, 2, (4,)).cuda()}
+    for _ in range(4):
+        model(**batch).loss.backward()
+    assert a100.replay is not None
+    # model(**batch) (keyword tensors) and `padding_mask.all()` in forward both stopped replay before
+    assert (a100.replay.recorded, a100.replay.replayed) == (2, 2)
+
+
+def test_timm_convnext_amp_step(a100: gt.Emulation) -> None:
+    timm = pytest.importorskip("timm")
+    model = timm.create_model("convnext_atto", pretrained=False, num_classes=10).cuda()
+    opt = torch.optim.AdamW(model.parameters())
+    x = torch.randn(2, 3, 64, 64, device="cuda")
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = model(x).float().mean()  # its convolutions have biases and take 16-bit inputs after the stem
+    loss.backward()
+    opt.step()
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in model.parameters())

@@ -177,6 +177,11 @@ def host_to_device(src: torch.Tensor, index: int, non_blocking: bool = False, dt
         torch.empty(src.shape, dtype=src.dtype, device=META)
     )
     out = wrap(meta, index, tag="h2d")
+    if nbytes == 0:  # torch copies nothing for an empty tensor (transformers' caches start as torch.tensor([]))
+        if dtype is not None and dtype != src.dtype:
+            return run_op(aten._to_copy.default, (out,), {"dtype": dtype})  # type: ignore[no-any-return]
+        set_known_value(out, src.clone())
+        return out
     work = emu.current_stream(index).enqueue(
         nbytes / (bw_gbps * 1e9), "memcpy HtoD", "h2d", "h2d", {"bytes": nbytes, "pinned": pinned}
     )

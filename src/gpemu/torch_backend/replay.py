@@ -94,6 +94,9 @@ class Recording:
     fwd_transient_bytes: int = 0  # forward peak above the level at forward's end
     bwd_peak_bytes: int = 0  # backward peak above the level at backward's start
     out_spec: Any = None
+    # non-tensor output leaves by position: a constant returned as recorded, or a type built empty (Note [Output
+    # objects]); tensor leaves fill the other positions in order
+    out_other: dict[int, tuple[bool, Any]] = field(default_factory=dict)
     out_meta: list[tuple[tuple[int, ...], tuple[int, ...], torch.dtype, bool]] = field(default_factory=list)
     in_meta: list[tuple[tuple[int, ...], tuple[int, ...], torch.dtype]] = field(default_factory=list)
     ok: bool = True
@@ -456,6 +459,14 @@ class Replayer:
                     full = (base, tuple(_value_digest(inputs[i]) for i in positions))
                     self.entries[module].setdefault(full, entry)
         leaves, rec.out_spec = tree_flatten(out)
+        for i, t in enumerate(leaves):
+            if not isinstance(t, torch.Tensor):
+                other = _other_leaf(t)
+                if other is None:
+                    rec.ok = False
+                    return out
+                rec.out_other[i] = other
+        leaves = [t for t in leaves if isinstance(t, torch.Tensor)]
         if not leaves or not all(isinstance(t, EmuTensor) and t._index == index for t in leaves):
             rec.ok = False
             return out
@@ -525,7 +536,35 @@ class Replayer:
         finally:
             phases._post(module, args, outs)
         self.replayed += 1
-        return tree_unflatten(list(outs), rec.out_spec)
+        if not rec.out_other:
+            return tree_unflatten(list(outs), rec.out_spec)
+        tensors = iter(outs)
+        n = len(outs) + len(rec.out_other)
+        leaves = [tensors.__next__() if i not in rec.out_other else (
+            rec.out_other[i][1] if rec.out_other[i][0] else rec.out_other[i][1]()) for i in range(n)]
+        return tree_unflatten(leaves, rec.out_spec)
+
+
+# Note [Output objects]: a top module may return objects that are not tensors beside its tensors. Constants (None,
+# numbers, strings) are returned as recorded. A transformers Cache (GPT-2 and other causal LMs build a DynamicCache
+# on every training forward while config.use_cache is on, and return it in the output) is returned as a new empty
+# cache of the same class: training code does not read it, and the recorded one would keep the recorded call's keys
+# and values alive. Any other object makes the call unreplayable (it may hold tensors of this call).
+_CONSTANTS = (type(None), bool, int, float, str)
+
+
+def _other_leaf(leaf: Any) -> tuple[bool, Any] | None:
+    """Return (True, value) for a constant leaf, (False, factory) for an empty-constructible cache, else None."""
+    if isinstance(leaf, _CONSTANTS):
+        return True, leaf
+    cls = type(leaf)
+    if any(c.__name__ == "Cache" and c.__module__.startswith("transformers") for c in cls.__mro__):
+        try:
+            cls()
+        except Exception:  # a cache that needs arguments (StaticCache): not rebuilt
+            return None
+        return False, cls
+    return None
 
 
 # Note [Direct gradients]: returning a parameter's gradient from the replayed backward makes autograd run its
