@@ -256,3 +256,21 @@ def test_timm_convnext_amp_step(a100: gt.Emulation) -> None:
     loss.backward()
     opt.step()
     assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in model.parameters())
+
+
+def _hard_sigmoid_bwd(x: torch.Tensor, grad_output: torch.Tensor) -> torch.Tensor:
+    m = torch.ones_like(x) * ((x >= -3.0) & (x <= 3.0)) / 6.0  # timm 0.6's activations_me, scripted at import
+    return grad_output * m
+
+
+def test_torchscript_compiles_functions_that_call_patched_torch_functions(a100: gt.Emulation) -> None:
+    scripted = torch.jit.script(_hard_sigmoid_bwd)  # failed: torch.ones_like is gpemu's Python wrapper
+    x = torch.randn(4, 8, device="cuda")
+    out = scripted(x, torch.randn(4, 8, device="cuda"))
+    assert out.is_cuda and tuple(out.shape) == (4, 8)
+    from torch.jit._builtins import _get_builtin_table
+
+    assert _get_builtin_table()[id(torch.ones_like)] == "aten::ones_like"
+    gt.uninstall()
+    assert id(torch.ones_like) in _get_builtin_table()  # the original is there again; the wrapper's entry is gone
+    gt.install("a100")

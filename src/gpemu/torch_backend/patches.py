@@ -32,10 +32,16 @@ class Patcher:
 
     def __init__(self) -> None:
         self._saved: list[tuple[Any, str, Any]] = []
+        self._scripted: list[int] = []  # ids registered in TorchScript's builtin table
 
     def set(self, obj: Any, name: str, value: Any) -> None:
         """Replace `obj.name` with `value` (remembering the original)."""
         self._saved.append((obj, name, obj.__dict__.get(name, _MISSING) if hasattr(obj, "__dict__") else _MISSING))
+        table = torch.jit._builtins._get_builtin_table()
+        op = table.get(id(getattr(obj, name, None)))
+        if op is not None and id(value) not in table:  # See Note [TorchScript sees the original builtins]
+            table[id(value)] = op
+            self._scripted.append(id(value))
         setattr(obj, name, value)
 
     def restore(self) -> None:
@@ -47,6 +53,19 @@ class Patcher:
             else:
                 setattr(obj, name, value)
         self._saved.clear()
+        table = torch.jit._builtins._get_builtin_table()
+        for key in self._scripted:
+            table.pop(key, None)
+        self._scripted.clear()
+
+
+# Note [TorchScript sees the original builtins]: gpemu replaces some torch functions (factories such as
+# torch.ones_like, torch.conv2d, F.scaled_dot_product_attention) with Python wrappers. TorchScript resolves a call
+# inside a scripted function by looking the callee up in its builtin table by identity; a wrapper is not there, so it
+# tried to compile the wrapper's source and failed ("module, class, method, function ... expected, got
+# builtin_function_or_method"): timm 0.6 scripts activation functions with `@torch.jit.script` at import. Each
+# wrapper is registered under the aten op of the function it replaces, so scripted code calls the op itself (which
+# dispatches to gpemu like any other op on emulated tensors); restore() removes the entries.
 
 
 def _cuda_index(device: Any) -> int | None:
