@@ -685,17 +685,21 @@ def unwrap_meta_call(func: Any, args: Any, kwargs: Any) -> Any:
 # is recorded with the host copies it derives from (`sources`, known_sources(): a read that depends on a step's input
 # batch differs from one on constants: Note [Replay with host reads] in replay.py). Ops with a large or unknown input
 # (a model's math) return at the first such argument.
-# Small parameters copied from the host (under KNOWN_VALUE_MAX_BYTES) are known too, so a tiny model computes real
-# values; a real model's weights are larger, and anything computed from them stays unknown.
+# Tensors that require grad (parameters) never take part: they are the model's math, and small ones (biases, norm
+# weights under KNOWN_VALUE_MAX_BYTES) are copied with their value, so every state_dict() detach, EMA update or
+# optimizer-state zeros_like of them would be computed on the host too (timm's resnet50 with an EMA: ~35 ms per step).
 
 _value_ok: dict[Any, bool] = {}
+# detach/alias: autograd saving tensors and every state_dict() detach every tensor (EMA updates: hundreds per step);
+# a detached copy of a mask is never what a script reads
+_NO_VALUE_OPS = frozenset((aten.detach.default, aten.alias.default))
 
 
 def _propagates(func: Any) -> bool:
     ok = _value_ok.get(func)
     if ok is None:
         schema = func._schema
-        ok = _value_ok[func] = (torch.Tag.nondeterministic_seeded not in func.tags
+        ok = _value_ok[func] = (torch.Tag.nondeterministic_seeded not in func.tags and func not in _NO_VALUE_OPS
                                 and not any(a.kwarg_only and a.name == "out" for a in schema.arguments))
     return ok
 
@@ -709,21 +713,23 @@ def propagate_known(func: Any, args: Any, kwargs: Any, out: Any) -> bool:
     small ops]); return True when it did."""
     for a in args:  # the common case first: a model's tensors are unknown, and the first one settles it
         if type(a) is EmuTensor:
-            if id(a) not in _known:
+            if id(a) not in _known or a.requires_grad:
                 return False
             break
+    if not _propagates(func):
+        return False
     outs = out if isinstance(out, (tuple, list)) else (out,)
     for o in outs:
         if isinstance(o, EmuTensor) and o.numel() * o.element_size() > KNOWN_VALUE_MAX_BYTES:
             return False
-    if not any(isinstance(o, EmuTensor) for o in outs) or not _propagates(func):
+    if not any(isinstance(o, EmuTensor) for o in outs):
         return False
     sources: set[int] = set()
     seen = [False]
 
     def host(a: Any) -> Any:
         if isinstance(a, EmuTensor):
-            rec = _known_record(a)
+            rec = _known_record(a) if not a.requires_grad else None  # parameters: the model's math, never
             if rec is None or rec[1]:
                 raise _Unknown
             seen[0] = True
