@@ -98,6 +98,10 @@ def test_masks_built_from_host_values_read_back_their_real_values(a100: gt.Emula
     # with its value, so nothing computed from it has one
     lin = nn.Linear(256, 128).cuda()
     assert lin(torch.ones(1, 256).cuda())[0, :2].tolist() == [0.0, 0.0]
+    # and a small parameter, copied with its value, never passes it on: parameters are the model's math
+    small = nn.Linear(4, 4).cuda()
+    assert (small.bias * 2).tolist() == [0.0] * 4
+    assert small(torch.ones(1, 4).cuda()).tolist() == [[0.0] * 4]
 
 
 class _PadAware(nn.Module):
