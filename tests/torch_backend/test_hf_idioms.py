@@ -278,3 +278,47 @@ def test_torchscript_compiles_functions_that_call_patched_torch_functions(a100: 
     gt.uninstall()
     assert id(torch.ones_like) in _get_builtin_table()  # the original is there again; the wrapper's entry is gone
     gt.install("a100")
+
+
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1 = nn.Linear(256, 256)
+        self.l2 = nn.Linear(256, 256)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.l2(torch.relu(self.l1(x)))
+
+
+class _Checkpointed(nn.Module):
+    """Two blocks under activation checkpointing (gradient_checkpointing_enable() in transformers)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.b1, self.b2 = _Block(), _Block()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.utils.checkpoint import checkpoint
+
+        h = checkpoint(self.b1, x, use_reentrant=False)
+        return checkpoint(self.b2, h, use_reentrant=False)
+
+
+def test_activation_checkpointing_recomputes_inside_the_step(a100: gt.Emulation) -> None:
+    model = _Checkpointed().cuda()
+    x = torch.randn(64, 256, device="cuda", requires_grad=True)
+    dev = a100.devices[0]
+    busy = []
+    for _ in range(4):
+        torch.cuda.synchronize()
+        before = dev.busy_s()
+        model(x).sum().backward()
+        torch.cuda.synchronize()
+        busy.append(dev.busy_s() - before)
+    # the blocks' forwards run again in backward; that was a new step each (5 steps for 4) and the blocks were
+    # recorded as top modules, so the model never replayed
+    assert a100.phases.steps == 4
+    assert a100.replay is not None and (a100.replay.recorded, a100.replay.replayed) == (2, 2)
+    assert list(a100.replay.entries.keys()) == [model]
+    # a replayed step charges what the recorded one did, recomputation included (chunked sums: float rounding only)
+    assert busy[3] == pytest.approx(busy[1], rel=1e-6)

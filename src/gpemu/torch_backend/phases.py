@@ -275,8 +275,8 @@ class PhaseTracker:
 
     def _pre(self, module: torch.nn.Module, args: Any) -> None:
         pending, self.pending_kwargs = self.pending_kwargs, None
-        if self.top is not None or _replica_thread():
-            return
+        if self.top is not None or _replica_thread() or torch._C._current_autograd_node() is not None:
+            return  # inside backward: activation checkpointing's recomputation (Note [Modules called in backward])
         from gpemu.torch_backend.tensor import EmuTensor
 
         batch = next((a for a in args if isinstance(a, EmuTensor)), None)

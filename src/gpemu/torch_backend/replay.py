@@ -643,6 +643,17 @@ def _replays_inside(top: torch.nn.Module, module: torch.nn.Module) -> bool:
     return is_emulated_reducer(getattr(top, "reducer", None))
 
 
+_in_backward = torch._C._current_autograd_node
+
+
+# Note [Modules called in backward]: activation checkpointing (torch.utils.checkpoint, Hugging Face's
+# gradient_checkpointing_enable()) runs a block's forward again inside backward. No top module is open then, so the
+# block looked like a new top-level call: the phase tracker opened a new step with a "forward" phase in the middle
+# of backward, and the replayer recorded the block on its own, while the real top module (whose backward contains the
+# recomputation) never matched two recordings. A module called while the autograd engine runs a node in this thread
+# is part of that backward: it is never a top module.
+
+
 def patch_module_call(emu: Any, patcher: Any) -> None:
     """Route top-level module calls through the Replayer (see Note [Replay path])."""
     orig = torch.nn.Module.__call__
@@ -650,6 +661,8 @@ def patch_module_call(emu: Any, patcher: Any) -> None:
     def __call__(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         phases = emu.phases
         top = phases.top
+        if top is None and _in_backward() is not None:  # See Note [Modules called in backward]
+            return orig(self, *args, **kwargs)
         if top is None:
             phases.pending_kwargs = (self, kwargs) if kwargs else None  # See Note [Keyword inputs] in phases.py
         rp = emu.replay
