@@ -4,6 +4,7 @@ then with the libraries themselves when they are installed (they are not gpemu d
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -322,3 +323,34 @@ def test_activation_checkpointing_recomputes_inside_the_step(a100: gt.Emulation)
     assert list(a100.replay.entries.keys()) == [model]
     # a replayed step charges what the recorded one did, recomputation included (chunked sums: float rounding only)
     assert busy[3] == pytest.approx(busy[1], rel=1e-6)
+
+
+def test_storages_have_distinct_addresses_shared_by_their_views(a100: gt.Emulation) -> None:
+    a = torch.zeros(8, device="cuda")
+    b = torch.zeros(8, device="cuda")
+    pa, pb = a.untyped_storage().data_ptr(), b.untyped_storage().data_ptr()
+    assert pa != 0 and pb != 0 and pa != pb  # all 0 before: every emulated tensor "shared" one storage
+    assert a.detach().untyped_storage().data_ptr() == pa  # a state_dict entry and its tensor
+    assert a[2:].data_ptr() == a.data_ptr() + 8  # offset 2 float32 elements = 8 bytes
+    # the safetensors / transformers grouping: tied weights share, other parameters do not
+    emb = nn.Embedding(16, 8).cuda()
+    head = nn.Linear(8, 16, bias=False).cuda()
+    head.weight = emb.weight
+    groups: dict[tuple[int, int], list[str]] = {}
+    for name, t in {"emb": emb.weight.detach(), "head": head.weight.detach(), "a": a, "b": b}.items():
+        groups.setdefault((t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()), []).append(name)
+    assert sorted(groups.values()) == [["a"], ["b"], ["emb", "head"]]
+
+
+def test_save_pretrained_and_from_pretrained_round_trip(a100: gt.Emulation, tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=128, n_positions=32)
+    model = transformers.GPT2LMHeadModel(config).cuda()
+    model.save_pretrained(tmp_path)  # raised "contained shared tensors" for every same-sized group of parameters
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+    assert "transformer.wte.weight" in keys and "lm_head.weight" not in keys  # the tied head is saved once
+    loaded = transformers.GPT2LMHeadModel.from_pretrained(tmp_path, device_map="cuda")
+    assert next(loaded.parameters()).is_cuda

@@ -312,6 +312,22 @@ def _new_ones(func: Any, args: Any, kwargs: Any) -> Any:
     return out
 
 
+@_special(aten._cudnn_rnn_flatten_weight.default)
+def _rnn_flatten_weight(func: Any, args: Any, kwargs: Any) -> Any:
+    """RNN.flatten_parameters(): one copy of every weight into a flat buffer (Note [RNN weight flattening])."""
+    weights = [w for w in args[0] if isinstance(w, EmuTensor)]
+    numel = sum(w.numel() for w in weights)
+    flat = torch.empty((numel,), dtype=weights[0].dtype, device=META)
+    charge(weights[0]._index, func, op_cost_s(aten.clone.default, (flat,), {}, flat, weights[0]._index))
+    return wrap(flat, weights[0]._index, tag="cudnn_rnn_flatten_weight")
+
+
+# Note [RNN weight flattening]: nn.LSTM/GRU call torch._cudnn_rnn_flatten_weight when their weights do not alias
+# (distinct data_ptr()s; with every emulated address 0 they all "aliased" and the call was skipped). cuDNN copies the
+# weights into one buffer and re-points them into it; gpemu charges the copy and returns the buffer (the script
+# drops it), leaving the weights as they are: the same bytes either way, one transient buffer more.
+
+
 @_special(aten.is_pinned.default)
 def _is_pinned(func: Any, args: Any, kwargs: Any) -> Any:
     return False

@@ -46,6 +46,29 @@ def _release(key: int) -> None:
             emu.devices[rec[2]].allocator.free(rec[0])
 
 
+class EmuStorage(torch.UntypedStorage):
+    """The storage Python sees for an emulated tensor: data_ptr() is a fake address, unique per emulated storage."""
+
+    _emu_ptr: int
+
+    def data_ptr(self) -> int:
+        """Return the fake device address of this storage (shared by every view of it). See Note [Storage
+        addresses]."""
+        return self._emu_ptr
+
+
+_UNTYPED_STORAGE = torch._C.TensorBase.untyped_storage
+
+
+# Note [Storage addresses]: an emulated tensor's storage is a meta storage, whose data_ptr() is 0 for every tensor.
+# Libraries find tied and shared weights by storage address before saving: transformers' save_pretrained groups a
+# state_dict by `untyped_storage().data_ptr()` (and refused to save: every parameter of one size "shared" storage),
+# safetensors does the same. The Python storage object of an emulated tensor becomes an EmuStorage on first use
+# (`__class__` is set once; torch keeps the same Python object for the storage while it lives), whose data_ptr() is the
+# address of the meta StorageImpl behind the tensor: unique among live storages and equal for all views of one
+# (a `detach()`ed state_dict entry and its parameter, tied weights). Tensor.data_ptr() adds the storage offset.
+
+
 class EmuTensor(torch.Tensor):
     """A tensor on an emulated GPU: Python sees `cuda:N`; the data is a meta tensor; ops are priced and queued."""
 
@@ -108,6 +131,18 @@ class EmuTensor(torch.Tensor):
     def get_device(self) -> int:
         """Return the emulated device index."""
         return self._index
+
+    def untyped_storage(self) -> torch.UntypedStorage:
+        """Return this tensor's storage, whose data_ptr() is a fake device address (Note [Storage addresses])."""
+        st = _UNTYPED_STORAGE(self)
+        if type(st) is not EmuStorage:
+            st.__class__ = EmuStorage
+            st._emu_ptr = self._elem.untyped_storage()._cdata  # type: ignore[attr-defined]
+        return st
+
+    def data_ptr(self) -> int:
+        """Return the fake device address of the first element (Note [Storage addresses])."""
+        return self.untyped_storage().data_ptr() + int(self.storage_offset()) * self.element_size()
 
     def __repr__(self, *, tensor_contents: object = None) -> str:  # type: ignore[override]
         grad = ", requires_grad=True" if self.requires_grad else ""
