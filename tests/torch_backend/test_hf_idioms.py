@@ -354,3 +354,48 @@ def test_save_pretrained_and_from_pretrained_round_trip(a100: gt.Emulation, tmp_
     assert "transformer.wte.weight" in keys and "lm_head.weight" not in keys  # the tied head is saved once
     loaded = transformers.GPT2LMHeadModel.from_pretrained(tmp_path, device_map="cuda")
     assert next(loaded.parameters()).is_cuda
+
+
+def _accumulate(replay: bool, micro_steps: int) -> tuple[list[float], list[int], gt.Emulation]:
+    """Train with 2 micro-steps per optimizer step; return per-micro-step busy seconds and peaks, and the emulation."""
+    emu = gt.install("a100", replay=replay)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 512)).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(64, 512, device="cuda")
+    dev = emu.devices[0]
+    busy, peaks = [], []
+    for i in range(micro_steps):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = dev.busy_s()
+        (model(x).sum() / 2).backward()
+        if i % 2 == 1:
+            opt.step()
+            opt.zero_grad()  # set_to_none: the next micro-step creates the gradients again
+        torch.cuda.synchronize()
+        busy.append(dev.busy_s() - before)
+        peaks.append(torch.cuda.max_memory_allocated())
+    return busy, peaks, emu
+
+
+def test_gradient_accumulation_replays_both_kinds_of_micro_step() -> None:
+    try:
+        busy_op, peaks_op, _ = _accumulate(False, 8)
+    finally:
+        gt.uninstall()
+    try:
+        busy, peaks, emu = _accumulate(True, 8)
+        assert emu.replay is not None
+        # micro-steps alternate: without .grad (creates them) and with (adds into them); their backward peaks
+        # differ, so no recording matched its predecessor and nothing replayed. Now calls 1 and 2 record (one of
+        # each kind) and 3..8 replay
+        assert (emu.replay.recorded, emu.replay.replayed) == (2, 6)
+    finally:
+        gt.uninstall()
+    assert busy[2:] == pytest.approx(busy_op[2:], rel=1e-6)  # replayed micro-steps charge what per-op ones did
+    # and reach the same peaks, each kind its own, up to one 512-byte allocator block (a bias gradient rounds
+    # apart); a replayed micro-step that adds into existing gradients makes them one at a time (all at once: 1 MiB
+    # higher, the second weight's gradient)
+    assert all(abs(a - b) <= 512 for a, b in zip(peaks[2:], peaks_op[2:], strict=True))
+    assert peaks_op[1] - peaks_op[0] > 2**20  # the kinds differ by more than that: 5647872 - 4465664 bytes

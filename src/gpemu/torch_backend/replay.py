@@ -109,6 +109,9 @@ class Recording:
     reads: list[tuple[int, int, str]] = field(default_factory=list)
     read_sources: set[int] = field(default_factory=set)
     fwd_segments: list[tuple[list[Chunk], tuple[int, str] | None]] = field(default_factory=list)
+    n_params: int = 0
+    bwd_state: bool = False  # _grads_exist when the backward started (Note [Gradient accumulation])
+    bwd_peaks: dict[bool, int] = field(default_factory=dict)  # bwd_peak_bytes by bwd_state, once ready
 
     def matches(self, other: Recording) -> bool:
         """Return True when both calls ran the same ops at the same predicted costs with about the same memory."""
@@ -117,11 +120,10 @@ class Recording:
             return False
         # the caching allocator hands out whole blocks depending on what is cached, so byte counts move a little
         # from call to call (~0.5% on resnet18); a changed model moves them far more
-        return all(
-            abs(a - b) <= max(MEMORY_SLACK_BYTES, MEMORY_SLACK_FRACTION * max(a, b))
-            for a, b in ((self.saved_bytes, other.saved_bytes), (self.fwd_transient_bytes, other.fwd_transient_bytes),
-                         (self.bwd_peak_bytes, other.bwd_peak_bytes))
-        )
+        pairs = [(self.saved_bytes, other.saved_bytes), (self.fwd_transient_bytes, other.fwd_transient_bytes)]
+        if self.bwd_state == other.bwd_state:  # See Note [Gradient accumulation]
+            pairs.append((self.bwd_peak_bytes, other.bwd_peak_bytes))
+        return all(abs(a - b) <= max(MEMORY_SLACK_BYTES, MEMORY_SLACK_FRACTION * max(a, b)) for a, b in pairs)
 
 
 @dataclass
@@ -225,6 +227,7 @@ class _ReplayFn(torch.autograd.Function):
     ]:
         emu = state.require()
         ctx.direct = direct
+        ctx.params = tensors[len(tensors) - rec.n_params:]
         device = emu.devices[rec.index]
         alloc = device.allocator
         stream_id = emu.current_stream(rec.index).stream_id
@@ -264,10 +267,15 @@ class _ReplayFn(torch.autograd.Function):
                 mine = tuple([needs[i] and _will_execute(edges[i][0]) for i in range(first, len(needs))])
             except RuntimeError:  # torch.autograd.grad(): no AccumulateGrad runs; the engine takes the gradients
                 mine = None
-        plan = rec.grad_plans.get((needs, mine))
+        # See Note [Gradient accumulation]: the peak of this kind of backward; existing gradients are added into
+        have = _grads_exist(ctx.params)
+        adding = have and mine is not None
+        plan = rec.grad_plans.get((needs, mine, adding))
         if plan is None:
-            plan = rec.grad_plans[(needs, mine)] = _GradPlan(rec, needs, mine)
-        transient = rec.bwd_peak_bytes - plan.grad_bytes
+            plan = rec.grad_plans[(needs, mine, adding)] = _GradPlan(rec, needs, mine, adding)
+        peaks = rec.bwd_peaks
+        transient = peaks.get(have, max(peaks.values())) if peaks else rec.bwd_peak_bytes
+        transient -= plan.grad_bytes
         tmp = alloc.malloc(transient, stream_id, "replay: backward temporaries") if transient > 0 else None
         block = fresh_block(plan.block_metas, plan.block_sizes, "replay: grad", alloc, stream_id) if (
             plan.block_metas) else ()
@@ -289,13 +297,26 @@ class _ReplayFn(torch.autograd.Function):
                         p.grad = g
                     else:
                         grad.add_(g)
+        if plan.added:  # one at a time, each freed after its add, as AccumulateGrad does
+            assert direct is not None
+            with _plain_attrs():
+                for j, m in plan.added:
+                    p = direct[j]
+                    g = fresh_on(m[0], m[1], m[2], index, "replay: grad", malloc, stream_id)
+                    grad = p.grad
+                    if grad is None:
+                        p.grad = g
+                    else:
+                        grad.add_(g)
+                    del g
         return (None, None, *out)
 
 
 class _GradPlan:
     """Which gradients one replayed backward builds, and how (per needs_input_grad and direct-gradient pattern)."""
 
-    def __init__(self, rec: Recording, needs: tuple[bool, ...], mine: tuple[bool, ...] | None) -> None:
+    def __init__(self, rec: Recording, needs: tuple[bool, ...], mine: tuple[bool, ...] | None,
+                 adding: bool = False) -> None:
         # the recorded backward peak counts every gradient the per-op backward made: the rest is its temporaries
         self.grad_bytes = sum(round_size(_nbytes(m)) for m, n in zip(rec.in_meta, needs, strict=True) if n)
         first = len(needs) - (len(mine) if mine is not None else 0)
@@ -305,6 +326,12 @@ class _GradPlan:
         # gradients set as `.grad` here, built as one block (Note [Block wrappers]); a parameter that needs a
         # gradient but whose AccumulateGrad will not run (backward(inputs=...)) gets none
         self.block_params: list[int] = [j for j, ok in enumerate(mine or ()) if ok]
+        # adding into existing .grad (Note [Gradient accumulation]): made one at a time, not in the block
+        self.added: list[tuple[int, tuple[Any, ...]]] = []
+        if adding:
+            self.added = [(j, rec.in_meta[first + j]) for j in self.block_params]
+            self.grad_bytes -= sum(round_size(_nbytes(m)) for _j, m in self.added)
+            self.block_params = []
         self.block_metas: list[tuple[Any, ...]] = [(*rec.in_meta[first + j], rec.index) for j in self.block_params]
         self.block_sizes = block_sizes([_nbytes(mk[:3]) for mk in self.block_metas])
 
@@ -439,6 +466,7 @@ class Replayer:
         rec = Recording(index, emu.current_stream(index).stream_id)
         inputs = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]
         rec.in_meta = [(tuple(t.shape), t.stride(), t.dtype) for t in (*inputs, *params)]
+        rec.n_params = len(params)
         win = _Window(device)
         self._open(rec, rec.fwd, bwd=False)
         try:
@@ -489,15 +517,16 @@ class Replayer:
         if grad_out is None or not torch.is_grad_enabled():
             self._finish(entry, rec)
         elif rec.ok:
-            grad_out.register_hook(self._bwd_hook(entry, rec, device))
+            grad_out.register_hook(self._bwd_hook(entry, rec, device, params))
         return out
 
-    def _bwd_hook(self, entry: _Entry, rec: Recording, device: Any) -> Any:
+    def _bwd_hook(self, entry: _Entry, rec: Recording, device: Any, params: list[torch.nn.Parameter]) -> Any:
         def hook(grad: torch.Tensor) -> None:
             if rec.bwd_started or self._sink is not None:
                 rec.ok = False
                 return
             rec.bwd_started = True
+            rec.bwd_state = _grads_exist(params)
             win = _Window(device)
             self._open(rec, rec.bwd, bwd=True)
 
@@ -517,6 +546,7 @@ class Replayer:
         last = entry.last
         entry.last = rec
         if rec.ok and last is not None and last.ok and last.matches(rec):
+            rec.bwd_peaks = {last.bwd_state: last.bwd_peak_bytes, rec.bwd_state: rec.bwd_peak_bytes}
             rec.fwd_chunks = _chunks(rec.fwd, "forward")
             rec.fwd_segments = _segments(rec)
             rec.bwd_chunks = _chunks(rec.bwd, "backward")
@@ -543,6 +573,26 @@ class Replayer:
         leaves = [tensors.__next__() if i not in rec.out_other else (
             rec.out_other[i][1] if rec.out_other[i][0] else rec.out_other[i][1]()) for i in range(n)]
         return tree_unflatten(leaves, rec.out_spec)
+
+
+# Note [Gradient accumulation]: with gradient accumulation (the HF Trainer's gradient_accumulation_steps, nanoGPT)
+# the first backward of a step creates every parameter's .grad, which stays allocated, and the next ones add into
+# them (each new gradient is freed at once), so their backward peaks differ. The recordings alternated A, B, A, B and
+# no two consecutive ones matched: the model was never replayed. The forward is the same either way, and which kind
+# a backward is shows only when it starts (pytorch/examples call zero_grad() between forward and backward), so a
+# recording notes the gradients' state at its backward's start (_grads_exist), recordings in different states match on
+# everything but the backward peak, and the ready recording keeps the peak of each state it saw; the replayed
+# backward takes the peak of the state it finds (the largest one for a state not seen) and, for a parameter whose
+# .grad exists, makes its gradient and adds it in one at a time, as AccumulateGrad does.
+
+
+def _grads_exist(params: Any) -> bool:
+    """Return True when the first parameter that requires grad has a .grad: the gradients are added into
+    (Note [Gradient accumulation]; all parameters of a model are in one state in a training loop)."""
+    for p in params:
+        if p.requires_grad:
+            return p.grad is not None
+    return False
 
 
 # Note [Output objects]: a top module may return objects that are not tensors beside its tensors. Constants (None,
