@@ -399,3 +399,10 @@ def test_gradient_accumulation_replays_both_kinds_of_micro_step() -> None:
     # higher, the second weight's gradient)
     assert all(abs(a - b) <= 512 for a, b in zip(peaks[2:], peaks_op[2:], strict=True))
     assert peaks_op[1] - peaks_op[0] > 2**20  # the kinds differ by more than that: 5647872 - 4465664 bytes
+
+
+def test_detached_labels_keep_their_values(a100: gt.Emulation) -> None:
+    labels = torch.tensor([0, 1, 1, 0]).cuda()
+    # the Trainer's evaluation: nested_detach(labels), concatenated across batches, then .cpu().numpy()
+    gathered = torch.cat([labels.detach(), labels.detach()])
+    assert gathered.cpu().tolist() == [0, 1, 1, 0, 0, 1, 1, 0]  # read as zeros before (accuracy 1.0)

@@ -703,19 +703,19 @@ def unwrap_meta_call(func: Any, args: Any, kwargs: Any) -> Any:
 # (a model's math) return at the first such argument.
 # Tensors that require grad (parameters) never take part: they are the model's math, and small ones (biases, norm
 # weights under KNOWN_VALUE_MAX_BYTES) are copied with their value, so every state_dict() detach, EMA update or
-# optimizer-state zeros_like of them would be computed on the host too (timm's resnet50 with an EMA: ~35 ms per step).
+# optimizer-state zeros_like of them would be computed on the host too.
 
 _value_ok: dict[Any, bool] = {}
-# detach/alias: autograd saving tensors and every state_dict() detach every tensor (EMA updates: hundreds per step);
-# a detached copy of a mask is never what a script reads
-_NO_VALUE_OPS = frozenset((aten.detach.default, aten.alias.default))
+# detach/alias share the value without computing it (the Trainer's evaluation detaches the labels it passes to
+# compute_metrics; autograd and state_dict() detach known counters too)
+_SHARE_VALUE_OPS = frozenset((aten.detach.default, aten.alias.default))
 
 
 def _propagates(func: Any) -> bool:
     ok = _value_ok.get(func)
     if ok is None:
         schema = func._schema
-        ok = _value_ok[func] = (torch.Tag.nondeterministic_seeded not in func.tags and func not in _NO_VALUE_OPS
+        ok = _value_ok[func] = (torch.Tag.nondeterministic_seeded not in func.tags
                                 and not any(a.kwarg_only and a.name == "out" for a in schema.arguments))
     return ok
 
@@ -734,6 +734,12 @@ def propagate_known(func: Any, args: Any, kwargs: Any, out: Any) -> bool:
             break
     if not _propagates(func):
         return False
+    if func in _SHARE_VALUE_OPS:
+        rec = _known_record(args[0])
+        if rec is None or rec[1] or not isinstance(out, EmuTensor):
+            return False
+        set_known_value(out, rec[0], sources=_sources.get(id(args[0])))
+        return True
     outs = out if isinstance(out, (tuple, list)) else (out,)
     for o in outs:
         if isinstance(o, EmuTensor) and o.numel() * o.element_size() > KNOWN_VALUE_MAX_BYTES:

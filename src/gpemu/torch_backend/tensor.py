@@ -191,7 +191,9 @@ class EmuTensor(torch.Tensor):
                 return handler(func, args, kwargs or {})
             out = run_op(func, args, kwargs or {})
             if _known_values:  # See Note [Known values through small ops] in ops.py
-                _propagate(func, args, kwargs or {}, out)
+                a0 = args[0] if args else None  # an unknown emulated first argument settles it without a call
+                if type(a0) is not EmuTensor or id(a0) in _known_values:
+                    _propagate(func, args, kwargs or {}, out)
             return out
         meter[2] = 1
         t0 = _perf_counter()
@@ -200,7 +202,9 @@ class EmuTensor(torch.Tensor):
                 return handler(func, args, kwargs or {})
             out = run_op(func, args, kwargs or {})
             if _known_values:
-                _propagate(func, args, kwargs or {}, out)
+                a0 = args[0] if args else None
+                if type(a0) is not EmuTensor or id(a0) in _known_values:
+                    _propagate(func, args, kwargs or {}, out)
             return out
         finally:
             meter[0] += _perf_counter() - t0
