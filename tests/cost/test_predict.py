@@ -75,3 +75,15 @@ def test_tf32_speeds_up_matmuls_only_where_tensor_cores_have_it() -> None:
     v100_tf32 = predict_phase("v100", "gpt2", "forward", 4, "tf32").value
     assert a100_tf32 < 0.6 * a100_fp32  # 156 TF32 TFLOPS * tc_eff 0.77 = 120 vs 19.5 * e_matmul 0.9 fp32
     assert v100_tf32 == v100_fp32  # Volta has no TF32
+
+
+def test_a_vit_at_a_training_batch_prices_its_token_gemms_on_tensor_cores() -> None:
+    # Note [Tensor-core flags at training batch sizes]: ViT-B/16's 197 tokens make the batch-2/4 traces' GEMMs
+    # misaligned (394 and 788 rows) but batch 64's aligned (12,608 rows). Its forward is ~17.6 GFLOP per image,
+    # 1.13 TFLOP at batch 64: ~4.7 ms on an A100's tensor cores (312 TFLOP/s x tc_eff 0.77), 58 ms on CUDA cores
+    # (19.5 TFLOP/s), plus ~10-20 ms of memory-bound ops and host dispatch. Under 40 ms rules out CUDA-core GEMMs
+    # (the batch-2 flags gave 131.8 ms); over 10 ms, a forward with nothing but GEMMs.
+    from gpemu.cost.predict import predict_phase
+
+    forward_s = predict_phase("a100", "vit_b_16", "forward", 64, "amp").value
+    assert 0.010 < forward_s < 0.040

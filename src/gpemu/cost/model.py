@@ -125,11 +125,23 @@ def uses_tensor_cores(spec: GPUSpec, dtype: str, category: str, tensor_core: boo
     if category not in COMPUTE_CATEGORIES:
         return False
     tf32 = spec.peak_tflops.get("tf32", 0.0) > 0
-    if dtype in ("fp16", "bf16"):
-        return tensor_core and has_tensor_cores(spec) and spec.peak_tflops.get(dtype, 0.0) > 0
+    if dtype in ("fp16", "bf16"):  # misaligned dims too, at a fraction of the peak: Note [Misaligned GEMMs]
+        return has_tensor_cores(spec) and spec.peak_tflops.get(dtype, 0.0) > 0
     if dtype == "tf32":
         return tf32
     return dtype == "fp32" and category == "conv" and tf32
+
+
+# Note [Misaligned GEMMs]: 16-bit GEMMs whose dimensions are not multiples of 8 (GPT-2's 50257-token vocabulary, a
+# 197-token ViT sequence at odd batch sizes) still run on tensor cores with the cuBLAS/cuDNN of any torch gpemu
+# supports (CUDA >= 11), through slower kernels, rather than falling back to CUDA-core FMA (which priced GPT-2's LM
+# head 13x slower than aligned). MISALIGNED_TC_FRACTION is the stated size of that penalty, from one public
+# observation (Karpathy on nanoGPT: padding GPT-2's vocabulary from 50257 to 50304 made 124M training ~25 % faster).
+# The LM head is ~31 % of that step's matmul FLOPs; with the rest unchanged, (r - 1) * 0.31 = 0.25 to 0.33 gives an
+# unaligned head r = 1.8 to 2.1 times slower than the aligned one, so misaligned 16-bit ops get half the tensor
+# peak. Not fitted; A100-class hardware; the first convolution of an image model (3 input channels, which cuDNN
+# pads) is priced the same way.
+MISALIGNED_TC_FRACTION = 0.5
 
 
 def peak_flops(spec: GPUSpec, dtype: str, category: str, tensor_core: bool) -> float:
@@ -139,11 +151,14 @@ def peak_flops(spec: GPUSpec, dtype: str, category: str, tensor_core: bool) -> f
     if dtype == "fp64":
         return spec.peak_tflops["fp64"] * 1e12 or fp32 / 32
     if uses_tensor_cores(spec, dtype, category, tensor_core):
-        return spec.peak_tflops["tf32" if dtype in ("fp32", "tf32") else dtype] * 1e12
+        peak = spec.peak_tflops["tf32" if dtype in ("fp32", "tf32") else dtype] * 1e12
+        if dtype in ("fp16", "bf16") and not tensor_core:  # Note [Misaligned GEMMs]
+            return peak * MISALIGNED_TC_FRACTION
+        return peak
     if dtype in ("fp16", "bf16"):
         native = spec.peak_tflops.get(dtype, 0.0) * 1e12
         if not native or has_tensor_cores(spec):
-            return fp32  # no native 16-bit math (bf16 before Ampere), or misaligned dims off the tensor cores
+            return fp32  # no native 16-bit math (bf16 before Ampere)
         return native  # packed half2 on CUDA cores (P100)
     return fp32
 
