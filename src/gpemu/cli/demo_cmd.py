@@ -218,7 +218,7 @@ def run_dropin(
 
 def print_summary(results: list[dict[str, Any]]) -> None:
     """Print one row per worker count: mean iteration, data wait, H2D, compute, GPU busy % and fetch stall %."""
-    table = Table(title="Summary (means over iterations after the first, which is warm-up)")
+    table = Table(title="Summary (means over iterations after the warm-up ones each run report names above)")
     for col in ("workers", "iteration ms", "data wait ms", "H2D ms", "compute ms", "GPU busy %", "fetch stall %"):
         table.add_column(col, justify="right")
     for r in results:
