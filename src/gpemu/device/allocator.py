@@ -306,62 +306,9 @@ class CachingAllocator:
             return 0  # torch hands out a null pointer for empty tensors and counts nothing
         size = (size_bytes + 511) & -512 if size_bytes > MIN_BLOCK_BYTES else MIN_BLOCK_BYTES  # round_size
         small = size <= SMALL_SIZE_BYTES
-        # the block search of _take_block, inlined: malloc runs once per tensor (one call less, ~0.1 us)
-        if small:
-            pc = self._small
-            free = self._free_small.get(stream_id)
-        else:
-            pc = self._large
-            free = self._free_large.get(stream_id)
+        block = self._take_block(size, small, stream_id)
+        pc = self._small if small else self._large
         ac = self._all
-        block: Block | None = None
-        if free:
-            i = bisect_left(free, (size,))
-            if i < len(free):
-                block = free.pop(i)[2]
-                if block.prev is not None or block.next is not None:  # it was an inactive split block
-                    bsize = block.size_bytes
-                    pc.n_split -= 1
-                    ac.n_split -= 1
-                    pc.split_bytes -= bsize
-                    ac.split_bytes -= bsize
-        if block is None:
-            block = self._new_segment(size, small, stream_id)
-        remaining = block.size_bytes - size
-        if remaining >= MIN_BLOCK_BYTES if small else remaining > SMALL_SIZE_BYTES:
-            free = block.free_list
-            spare = self._spare
-            if spare:  # recycle a Block merged away by free(): cheaper than a new object
-                rest = spare.pop()
-                rest.addr = block.addr + size
-                rest.size_bytes = remaining
-                rest.segment = block.segment
-                rest.stream_id = block.stream_id
-                rest.small = small
-                rest.free_list = free
-            else:
-                rest = Block(block.addr + size, remaining, block.segment, free)
-            rest.prev = block
-            nxt = rest.next = block.next
-            if nxt is not None:
-                nxt.prev = rest
-            block.next = rest
-            block.size_bytes = size
-            insort(free, (remaining, rest.addr, rest))
-            pc.n_split = c = pc.n_split + 1  # _add_inactive_split(pc, ac, remaining), inlined (hot path)
-            if c > pc.n_split_peak:
-                pc.n_split_peak = c
-            pc.n_split_cum += 1
-            ac.n_split = c = ac.n_split + 1
-            if c > ac.n_split_peak:
-                ac.n_split_peak = c
-            pc.split_bytes = c = pc.split_bytes + remaining
-            if c > pc.split_bytes_peak:
-                pc.split_bytes_peak = c
-            pc.split_bytes_cum += remaining
-            ac.split_bytes = c = ac.split_bytes + remaining
-            if c > ac.split_bytes_peak:
-                ac.split_bytes_peak = c
         block.allocated = True
         block.requested_bytes = size_bytes
         block.tag = tag
@@ -453,8 +400,6 @@ class CachingAllocator:
     def _take_block(self, size: int, small: bool, stream_id: int) -> Block:
         """Return the block for a rounded request, split off a cached free block (best fit) or a new segment.
 
-        malloc has this code inlined (it runs once per tensor); test_malloc_many_and_free_many_match_one_call_per_block
-        keeps the two in step. free and _return_block likewise.
         """
         if small:
             pc = self._small
@@ -551,56 +496,7 @@ class CachingAllocator:
         ac.req_bytes -= req
         pc.n_alloc -= 1
         ac.n_alloc -= 1
-        # _return_block(block, pc, ac), inlined: free runs once per tensor
-        block.allocated = False
-        block.tag = ""
-        free = block.free_list
-        prev = block.prev
-        if prev is not None and not prev.allocated:  # merge with the free block before
-            nsize = prev.size_bytes
-            del free[bisect_left(free, (nsize, prev.addr))]
-            pc.n_split -= 1
-            ac.n_split -= 1
-            pc.split_bytes -= nsize
-            ac.split_bytes -= nsize
-            block.addr = prev.addr
-            self._spare.append(prev)
-            prev = block.prev = prev.prev
-            if prev is not None:
-                prev.next = block
-            else:
-                block.segment.head = block
-            bsize += nsize
-        nxt = block.next
-        if nxt is not None and not nxt.allocated:  # merge with the free block after
-            nsize = nxt.size_bytes
-            del free[bisect_left(free, (nsize, nxt.addr))]
-            pc.n_split -= 1
-            ac.n_split -= 1
-            pc.split_bytes -= nsize
-            ac.split_bytes -= nsize
-            self._spare.append(nxt)  # merged away: unlinked, free (allocated False, tag "")
-            nxt = block.next = nxt.next
-            if nxt is not None:
-                nxt.prev = block
-            bsize += nsize
-        block.size_bytes = bsize
-        insort(free, (bsize, block.addr, block))
-        if prev is not None or nxt is not None:  # still part of a split segment: an inactive split block
-            pc.n_split = c = pc.n_split + 1  # _add_inactive_split(pc, ac, bsize), inlined
-            if c > pc.n_split_peak:
-                pc.n_split_peak = c
-            pc.n_split_cum += 1
-            ac.n_split = c = ac.n_split + 1
-            if c > ac.n_split_peak:
-                ac.n_split_peak = c
-            pc.split_bytes = c = pc.split_bytes + bsize
-            if c > pc.split_bytes_peak:
-                pc.split_bytes_peak = c
-            pc.split_bytes_cum += bsize
-            ac.split_bytes = c = ac.split_bytes + bsize
-            if c > ac.split_bytes_peak:
-                ac.split_bytes_peak = c
+        self._return_block(block, pc, ac)
         if self.on_change is not None:
             self.on_change(ac.alloc_bytes, ac.res_bytes)
 
