@@ -154,3 +154,39 @@ def test_bf16_autocast_steps_take_the_amp_bf16_prediction(tmp_path: Path, monkey
         gt.uninstall()
     assert described["phase_predicted"]["resnet18/2/amp_bf16/forward"] == [pytest.approx(forward), "spec-model"]
     assert "resnet18/2/amp/forward" not in described["phase_predicted"]
+
+
+def test_an_evaluation_forward_takes_the_training_forwards_scale(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # Note [Evaluation passes]: with no measured rows (spec-model phase predictions), train resnet18 at batch 2, then
+    # evaluate at batch 2 (scaled like the training forward) and at batch 3 (no training forward of that size: per op)
+    monkeypatch.setenv("GPEMU_PROFILE_DIR", str(tmp_path))
+    emu = gt.install("h100", replay=False)
+    try:
+        model = torchvision.models.resnet18().cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        stats = emu.devices[0].stats
+
+        def eval_gpu_s(batch: int) -> float:
+            model.eval()
+            images = torch.randn(batch, 3, 224, 224, device="cuda")
+            torch.cuda.synchronize()
+            before = stats.work_s["kernel"]
+            with torch.no_grad():
+                model(images)
+            torch.cuda.synchronize()
+            model.train()
+            return stats.work_s["kernel"] - before
+
+        per_op_s = eval_gpu_s(2)  # before any training step: nothing to scale by
+        x = torch.randn(2, 3, 224, 224, device="cuda")
+        for _ in range(3):
+            _step_gpu_s(model, x, opt)
+        tracker = emu.phases
+        full = ("resnet18", 2, "fp32", "nchw", "forward")
+        scale = tracker._targets[full] / tracker.prev[full]
+        assert scale > 1.0  # the phase prediction adds host dispatch and fixed costs to the per-op kernel sum
+        assert eval_gpu_s(2) == pytest.approx(per_op_s * scale, rel=1e-6)  # float sums of ~60 kernels
+        assert eval_gpu_s(3) < per_op_s * scale  # batch 3 was never trained: per-op prices, unscaled
+    finally:
+        gt.uninstall()

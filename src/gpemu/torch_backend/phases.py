@@ -269,6 +269,8 @@ class PhaseTracker:
             self.sums[phase] += predicted_s
             if self.scale is not None:
                 return predicted_s * self.scale, self.args
+        elif phase == "eval" and self.scale is not None:  # Note [Evaluation passes]
+            return predicted_s * self.scale, self.args
         return predicted_s, _PREDICTED_ARGS
 
     # -- hooks
@@ -289,19 +291,46 @@ class PhaseTracker:
         if not torch.is_grad_enabled():
             self.phase = "eval"
             self.key = None
+            self._eval_scale(self._step_key(module, batch))
             return
+        self.key = self._step_key(module, batch)
+        self._begin("forward")
+        self.steps += 1
+
+    def _step_key(self, module: torch.nn.Module, batch: Any) -> tuple[str, int, str, str] | None:
+        """Return (workload, batch size, dtype, memory format) of a top-module call, or None (per-op pricing)."""
         workload = self._workload(module)
         if isinstance(module, torch.nn.DataParallel) and len(module.device_ids or []) > 1:
             workload = None  # a profile is one GPU's step; the replicas' ops on N GPUs are not a slice of it
         if workload and not self.model and not _input_matches(workload, batch):  # 64x64 crops: not the profile's step
             workload = None
+        if not workload:
+            return None
         emu = state.current_emulation()
         amp = emu.autocast_dtype() if emu is not None else None
         dtype = "fp32" if amp is None else "amp_bf16" if amp == torch.bfloat16 else "amp"
         fmt = "channels_last" if _channels_last_step(module, batch) else "nchw"
-        self.key = (workload, int(batch.shape[0]) if batch.dim() else 1, dtype, fmt) if workload else None
-        self._begin("forward")
-        self.steps += 1
+        return (workload, int(batch.shape[0]) if batch.dim() else 1, dtype, fmt)
+
+    def _eval_scale(self, key: tuple[str, int, str, str] | None) -> None:
+        # Note [Evaluation passes]: profiles hold training phases only. An evaluation forward (no grad) of a model
+        # whose training forward at the same (workload, batch, dtype, format) was already scaled to a profile or a
+        # phase prediction takes that forward's scale: the ratio says what the per-op kernels leave out on this GPU
+        # (host dispatch, the phase's fixed cost, the cost model's error for this model) and the evaluation runs
+        # the same layers (batch norm on running statistics, no dropout: the per-op prices already say so). With
+        # no such training forward first (another batch size, or evaluation only) it stays on per-op predictions.
+        self.scale = None
+        self.args = _PREDICTED_ARGS
+        if key is None:
+            return
+        full = (*key, "forward")
+        target, prev = self._targets.get(full), self.prev.get(full)
+        if target is not None and prev:
+            self.scale = target / prev
+            basis = self.basis.get(full, "measured")
+            self.args = {"timing": "calibrated" if basis == "measured" else "phase-predicted", "phase": "eval",
+                         "scale": round(self.scale, 6), "profile_s": target, "workload": key[0], "basis": basis,
+                         "scaled_as": "training forward"}
 
     def _post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if module is not self.top:
