@@ -151,13 +151,61 @@ def test_a_forward_whose_read_depends_on_each_batch_is_keyed_by_its_values(a100:
     masks = [m.cuda() for m in (full, padded, full, padded, full, padded, full)]
     _steps(model, masks)
     assert a100.replay is not None
-    # call 1 learns that the read depends on the mask, and each mask value is its own key: full records at calls
-    # 1 and 3 and replays at 5 and 7, padded records at 2 and 4 and replays at 6
+    # call 1 learns that the read depends on the mask, and each answer it reads is its own key: full (True)
+    # records at calls 1 and 3 and replays at 5 and 7, padded (False) records at 2 and 4 and replays at 6
     assert (a100.replay.recorded, a100.replay.replayed) == (4, 3)
     # a replayed step takes the path its mask takes per op: the padded step's extra multiply is in its recording
     ready = {id(e.ready): e.ready for e in a100.replay.entries[model].values() if e.ready is not None}
     ops = sorted(len(r.fwd) for r in ready.values())
     assert len(ops) == 2 and ops[1] == ops[0] + 1
+
+
+def test_a_forward_whose_masks_differ_but_read_the_same_answer_replays(a100: gt.Emulation) -> None:
+    # every batch pads a different tail (a data collator padding to max_length): the masks all differ, but
+    # `attention_mask.all()` reads False for each, so each runs the same ops (Note [Read programs])
+    model = _PadAware().cuda()
+    masks = []
+    for step in range(6):
+        m = torch.ones(4, 8, dtype=torch.long)
+        m[step % 4, 7 - step % 3:] = 0
+        masks.append(m)
+    assert len({tuple(m.flatten().tolist()) for m in masks}) == 6
+    copied = _steps(model, [m.cuda() for m in masks])
+    assert a100.replay is not None
+    # keyed by the input digests (before), all 6 calls recorded; keyed by what the read reads: calls 1-2 record,
+    # 3-6 replay
+    assert (a100.replay.recorded, a100.replay.replayed) == (2, 4)
+    assert copied == [1] * 6  # each step still copies its 1-byte all() result
+    # the replayed path is the padded one: its recording has the extra multiply of an unpadded call's forward + 1
+    ready = [e.ready for e in a100.replay.entries[model].values() if e.ready is not None]
+    assert len({id(r) for r in ready}) == 1
+    full = _PadAware().cuda()
+    _steps(full, [torch.ones(4, 8, dtype=torch.long).cuda()] * 3)
+    full_ready = next(e.ready for e in a100.replay.entries[full].values() if e.ready is not None)
+    assert len(ready[0].fwd) == len(full_ready.fwd) + 1
+
+
+def test_a_count_read_is_recomputed_for_each_batch(a100: gt.Emulation) -> None:
+    class Counted(nn.Module):  # branches on a count of the mask read on the host (item of a sum)
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(256, 256)
+
+        def forward(self, x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            h = self.lin(x)
+            if int(attention_mask.sum()) < attention_mask.numel():
+                h = h * attention_mask[..., None]
+            return h
+
+    model = Counted().cuda()
+    full = torch.ones(4, 8, dtype=torch.long)
+    padded = [full.clone() for _ in range(3)]
+    for i, m in enumerate(padded):
+        m[i, 6:] = 0
+    _steps(model, [m.cuda() for m in (padded[0], padded[1], padded[2], padded[0], padded[1])])
+    assert a100.replay is not None
+    # sum() is recomputed too: every padded mask sums to 30 (two zeros each), so calls 1-2 record, 3-5 replay
+    assert (a100.replay.recorded, a100.replay.replayed) == (2, 3)
 
 
 def test_transformer_encoder_with_a_causal_mask_replays(a100: gt.Emulation) -> None:

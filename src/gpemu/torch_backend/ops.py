@@ -84,23 +84,108 @@ _known: dict[int, tuple[weakref.ref[EmuTensor], torch.Tensor, bool, int]] = {}
 
 
 def set_known_value(t: EmuTensor, value: torch.Tensor, default: bool = False, bumps: int = 0,
-                    sources: frozenset[int] | None = None) -> None:
+                    sources: frozenset[int] | None = None, expr: HostExpr | None = None) -> None:
     """Record the CPU value of emulated tensor `t`; `.cpu()`/`.tolist()`/`.item()` of `t` return it until `t` is
     modified in place (`bumps`: version increments torch will still make for the op being handled). `sources`: the
-    host copies the value was computed from (None: `t` itself is one; empty: a constant). See Note [Known values
-    through small ops]."""
+    host copies the value was computed from (None: `t` itself is one; empty: a constant); `expr`: how it was computed
+    from them. See Note [Known values through small ops] and Note [Read programs]."""
     key = id(t)
     version = _version_of(t)
     _pending.pop(key, None)
     _known[key] = (weakref.ref(t, lambda _ref, key=key: _forget(key)), value, default,  # type: ignore[misc]
                    version + bumps if version >= 0 else version)
-    _sources[key] = frozenset((key,)) if sources is None else sources
+    if sources is None:
+        _sources[key] = frozenset((key,))
+        _exprs[key] = HostExpr(None, value=value)
+    else:
+        _sources[key] = sources
+        if sources and expr is not None:
+            _exprs[key] = expr
+        else:
+            _exprs.pop(key, None)
 
 
 def _forget(key: int) -> None:
     _known.pop(key, None)
     _pending.pop(key, None)
     _sources.pop(key, None)
+    _exprs.pop(key, None)
+
+
+# Note [Read programs]: a forward that reads a value computed from its input batch on the host (transformers'
+# `torch.all(attention_mask == 1)` before it drops an all-ones mask) takes the path that value picks. Keying replay on
+# the input's whole value (its digest) never replays when every batch pads differently, although every batch reads
+# the same answer (False) and runs the same ops. So each known value derived from host copies also keeps how it was
+# computed (a HostExpr: the op and its operands, themselves HostExprs or constants; a host copy is a leaf), and the
+# replay path keys a module call on the values its recorded reads would read for this call's inputs: it evaluates
+# the reads' expressions on the inputs' host values (tiny CPU ops: masks, positions, counters) before it decides.
+
+
+class HostExpr:
+    """How a host-known value was computed: `func(*args, **kwargs)` (output `index` of a tuple; `inplace`: on a copy
+    of args[0]) over operands that are HostExprs or constants, or a leaf (func None) holding a host copy's value."""
+
+    __slots__ = ("args", "func", "index", "inplace", "kwargs", "value")
+
+    def __init__(self, func: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None, index: int = 0,
+                 inplace: bool = False, value: torch.Tensor | None = None) -> None:
+        self.func, self.args, self.kwargs, self.index, self.inplace, self.value = (
+            func, args, kwargs or {}, index, inplace, value)
+
+    def evaluate(self, bound: dict[int, torch.Tensor], memo: dict[int, Any] | None = None) -> Any:
+        """Return this value recomputed with the leaves or subexpressions in `bound` (by id) replaced."""
+        memo = {} if memo is None else memo
+        key = id(self)
+        if key in bound:
+            return bound[key]
+        if key in memo:
+            return memo[key]
+        if self.func is None:
+            return self.value
+
+        def ev(a: Any) -> Any:
+            if isinstance(a, HostExpr):
+                return a.evaluate(bound, memo)
+            if isinstance(a, (list, tuple)):
+                return type(a)(ev(v) for v in a)
+            return a
+
+        args = [ev(a) for a in self.args]
+        kwargs = {k: ev(v) for k, v in self.kwargs.items()}
+        if self.inplace:
+            args[0] = args[0].clone()
+            self.func(*args, **kwargs)
+            out = args[0]
+        else:
+            out = self.func(*args, **kwargs)
+            if isinstance(out, (tuple, list)):
+                out = out[self.index]
+        memo[key] = out
+        return out
+
+
+# id(tensor) -> how its known value was computed from host copies (see Note [Read programs]); absent for constants
+_exprs: dict[int, HostExpr] = {}
+
+
+def known_expr(t: torch.Tensor) -> HostExpr | None:
+    """Return how `t`'s known value was computed from host copies (None: unknown, a constant or a default)."""
+    return _exprs.get(id(t)) if _known_record(t) is not None else None
+
+
+def _operand(a: Any) -> Any:
+    """Return `a` as an operand of a HostExpr: a known tensor's expression (or its value when it is a constant)."""
+    if isinstance(a, EmuTensor):
+        e = _exprs.get(id(a))
+        if e is not None:
+            return e
+        rec = _known_record(a)
+        return rec[0] if rec is not None else None
+    if isinstance(a, (list, tuple)) and a and not isinstance(a[0], (int, float)):
+        return type(a)(_operand(v) for v in a)
+    if isinstance(a, torch.device) and a.type == "cuda":
+        return torch.device("cpu")
+    return a
 
 
 # id(tensor) -> ids of the host copies its known value was computed from (see set_known_value)
@@ -112,8 +197,9 @@ def known_sources(t: torch.Tensor) -> frozenset[int]:
     return _sources.get(id(t), frozenset()) if _known_record(t) is not None else frozenset()
 
 
-# Set by the replay recorder while it records a forward: read_sink(nbytes, reason, sources) sees every
-# device-to-host read, with the host copies a known value read derives from (empty: a constant or a default answer).
+# Set by the replay recorder while it records a forward: read_sink(nbytes, reason, sources, expr, value) sees every
+# device-to-host read, with the host copies a known value read derives from (empty: a constant or a default answer),
+# how it was computed from them (Note [Read programs]) and the value read.
 # See Note [Replay with host reads] in replay.py.
 read_sink: Any = None
 
@@ -205,7 +291,10 @@ def device_to_host(t: EmuTensor, reason: str = "d2h", dtype: torch.dtype | None 
     else:
         out = host_value(tuple(t.shape), t.dtype, reason, rec[0] if rec is not None else None)
     if read_sink is not None:
-        read_sink(nbytes, reason, _sources.get(id(t), frozenset()) if rec is not None and not rec[1] else frozenset())
+        if rec is not None and not rec[1]:
+            read_sink(nbytes, reason, _sources.get(id(t), frozenset()), _exprs.get(id(t)), rec[0])
+        else:
+            read_sink(nbytes, reason, frozenset(), None, None)
     return out.to(dtype) if dtype is not None else out
 
 
@@ -248,7 +337,8 @@ def _to_copy(func: Any, args: Any, kwargs: Any) -> Any:
         if _known and id(x) in _known and isinstance(out, EmuTensor):  # a cast of a host-known value: labels.float()
             value = known_value(x)
             if value is not None:
-                set_known_value(out, value.to(out.dtype), sources=_sources.get(id(x)))
+                set_known_value(out, value.to(out.dtype), sources=_sources.get(id(x)),
+                                expr=HostExpr(torch.Tensor.to, (_operand(x), out.dtype)))
         return out
     # a CPU source with an emulated device argument cannot reach here (the CPU kernel handles it)
     return run_op(func, args, kwargs)
@@ -581,7 +671,8 @@ def _reduce_known(func: Any, args: Any, kwargs: Any) -> Any:
     out = _tensor_mod.run_op(func, args, kwargs)
     value = known_value(args[0]) if _known and isinstance(args[0], EmuTensor) else None
     if value is not None and isinstance(out, EmuTensor):  # e.g. num_classes = labels.max().item() + 1
-        set_known_value(out, func(value, *args[1:], **kwargs), sources=_sources.get(id(args[0])))
+        set_known_value(out, func(value, *args[1:], **kwargs), sources=_sources.get(id(args[0])),
+                        expr=HostExpr(func, (_operand(args[0]), *args[1:]), kwargs))
     return out
 
 
@@ -738,7 +829,7 @@ def propagate_known(func: Any, args: Any, kwargs: Any, out: Any) -> bool:
         rec = _known_record(args[0])
         if rec is None or rec[1] or not isinstance(out, EmuTensor):
             return False
-        set_known_value(out, rec[0], sources=_sources.get(id(args[0])))
+        set_known_value(out, rec[0], sources=_sources.get(id(args[0])), expr=_exprs.get(id(args[0])))
         return True
     outs = out if isinstance(out, (tuple, list)) else (out,)
     for o in outs:
@@ -774,21 +865,25 @@ def propagate_known(func: Any, args: Any, kwargs: Any, out: Any) -> bool:
         return False
     frozen = frozenset(sources)
     mutable = func._schema.is_mutable
+    # See Note [Read programs]: operands taken before an in-place op changes args[0]'s expression
+    eargs = tuple(_operand(a) for a in args) if frozen else ()
+    ekwargs = {k: _operand(v) for k, v in kwargs.items()} if frozen else {}
     try:
         if mutable:
             if out is not args[0] or func.is_view:
                 return False
             target = hargs[0] = hargs[0].clone()
             func(*hargs, **hkwargs)
-            set_known_value(args[0], target, bumps=1, sources=frozen)  # torch bumps the version after dispatch
+            set_known_value(args[0], target, bumps=1, sources=frozen,  # torch bumps the version after dispatch
+                            expr=HostExpr(func, eargs, ekwargs, inplace=True) if frozen else None)
             return True
         hout = func(*hargs, **hkwargs)
     except Exception:  # an op the CPU cannot run on these values: the outputs stay unknown
         return False
     houts = hout if isinstance(hout, (tuple, list)) else (hout,)
     done = False
-    for o, h in zip(outs, houts, strict=False):
+    for i, (o, h) in enumerate(zip(outs, houts, strict=False)):
         if isinstance(o, EmuTensor) and isinstance(h, torch.Tensor) and h.shape == o.shape:
-            set_known_value(o, h, sources=frozen)
+            set_known_value(o, h, sources=frozen, expr=HostExpr(func, eargs, ekwargs, index=i) if frozen else None)
             done = True
     return done

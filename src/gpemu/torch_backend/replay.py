@@ -28,10 +28,12 @@ ops.device_to_host) is replayable: the replayed forward charges the recorded ops
 copy and the host's wait for it (the same stall a GPU has), then the rest. What was read must not change the path,
 so it must be the same on the replayed call: a read of a value gpemu does not know (the model's math) always reads
 the same default; a read of a known value depends on the host copies it was computed from (ops.known_sources, Note
-[Known values through small ops] in ops.py). Constants and module buffers are the same on every call; inputs of the
-call that a read depended on are added to the replay key by the digest of their host values. So a forward that asks
-whether a fixed attention mask is all ones replays, and one whose masks change every batch (random padding) runs per
-op, as each batch could take another path.
+[Known values through small ops] in ops.py). Constants and module buffers are the same on every call; for inputs of
+the call that a read depended on, what the read reads for this call's input values joins the replay key: the reads
+are recomputed on the host from those values (Note [Read programs] in ops.py), or, when one cannot be, the digest of
+the values themselves does. So a forward that asks whether its attention mask is all ones replays whether the mask is
+fixed or pads differently every batch (each answer has its own recording), and a recording whose forward read more
+or other values than its key promised is never replayed.
 """
 
 from __future__ import annotations
@@ -108,6 +110,8 @@ class Recording:
     # host reads in forward: (ops charged before it, bytes, reason); See Note [Replay with host reads]
     reads: list[tuple[int, int, str]] = field(default_factory=list)
     read_sources: set[int] = field(default_factory=set)
+    # reads of known values: (how it was computed, the value read, its sources); See Note [Read programs] in ops.py
+    value_reads: list[tuple[emu_ops.HostExpr | None, torch.Tensor, frozenset[int]]] = field(default_factory=list)
     fwd_segments: list[tuple[list[Chunk], tuple[int, str] | None]] = field(default_factory=list)
     n_params: int = 0
     bwd_state: bool = False  # _grads_exist when the backward started (Note [Gradient accumulation])
@@ -193,13 +197,41 @@ def _segments(rec: Recording) -> list[tuple[list[Chunk], tuple[int, str] | None]
     return out
 
 
-def _value_digest(t: torch.Tensor) -> Any:
-    """Return a hashable digest of `t`'s host-known value (None when gpemu does not know it)."""
-    value = emu_ops.known_value(t)
+def _digest(value: torch.Tensor | None) -> Any:
+    """Return a hashable digest of a host value (None for None)."""
     if value is None:
         return None
     flat = value.reshape(-1).contiguous()
     return (value.dtype, tuple(value.shape), hash(flat.view(torch.uint8).numpy().tobytes()))
+
+
+def _value_digest(t: torch.Tensor) -> Any:
+    """Return a hashable digest of `t`'s host-known value (None when gpemu does not know it)."""
+    return _digest(emu_ops.known_value(t))
+
+
+@dataclass
+class _ReadProgram:
+    """The host reads of a top module's forward that depend on its inputs' values, as expressions of those values:
+    a call is keyed by what they read for its inputs (Note [Read programs] in ops.py), or by the inputs' values
+    themselves when a read cannot be recomputed."""
+
+    positions: tuple[int, ...]  # the inputs whose host values the reads depend on
+    bound: tuple[emu_ops.HostExpr, ...] | None  # their expressions at recording (None: not recomputable)
+    reads: tuple[emu_ops.HostExpr, ...] | None
+
+    def key(self, inputs: list[torch.Tensor]) -> tuple[Any, ...]:
+        """Return the part of the replay key that this call's input values decide."""
+        if self.bound is not None and self.reads is not None:
+            values = [emu_ops.known_value(inputs[i]) for i in self.positions]
+            if all(v is not None for v in values):
+                bound = {id(e): v for e, v in zip(self.bound, values, strict=True) if v is not None}
+                memo: dict[int, Any] = {}
+                try:
+                    return ("reads", tuple(_digest(r.evaluate(bound, memo)) for r in self.reads))
+                except Exception:  # an op the CPU refuses on these values: key by the inputs
+                    pass
+        return ("inputs", tuple(_value_digest(inputs[i]) for i in self.positions))
 
 
 def _charge_chunks(emu: Any, index: int, chunks: list[Chunk]) -> None:
@@ -357,9 +389,9 @@ class Replayer:
         self.entries: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[Any, ...], _Entry]] = (
             weakref.WeakKeyDictionary()
         )
-        # per top module: key -> positions of the inputs whose host values a forward's reads depended on (their
-        # digest joins the key). See Note [Replay with host reads]
-        self.value_inputs: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[Any, ...], tuple[int, ...]]] = (
+        # per top module: key -> the reads of its forward that depend on input values (what they read joins the
+        # key). See Note [Replay with host reads]
+        self.programs: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[Any, ...], _ReadProgram]] = (
             weakref.WeakKeyDictionary()
         )
         self.replayed = 0  # calls replayed (for tests and reports)
@@ -386,12 +418,13 @@ class Replayer:
         if walk is None or key is None:
             return orig(module, *args, **kwargs)
         base = key
-        by_key = self.value_inputs.get(module)
+        sub: tuple[Any, ...] | None = None
+        by_key = self.programs.get(module)
         if by_key:
-            positions = by_key.get(key)
-            if positions is not None:
-                inputs = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]
-                key = (key, tuple(_value_digest(inputs[i]) for i in positions))
+            program = by_key.get(key)
+            if program is not None:
+                sub = program.key([v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)])
+                key = (key, sub)
         per_module = self.entries.get(module)
         if per_module is None:
             per_module = self.entries[module] = {}
@@ -403,7 +436,7 @@ class Replayer:
             direct = tuple(params) if direct_ok and not _distributed() else None
             with _plain_attrs():
                 return self._replay(module, entry.ready, args, kwargs, params, direct)
-        return self._record(orig, module, entry, first._index, args, kwargs, params, base)
+        return self._record(orig, module, entry, first._index, args, kwargs, params, base, sub)
 
     def _key(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
              params_key: tuple[Any, ...]) -> tuple[Any, ...] | None:
@@ -439,13 +472,43 @@ class Replayer:
             rec.ok = False
         self._sink.append((name, predicted_s, category))
 
-    def _read(self, nbytes: int, reason: str, sources: frozenset[int]) -> None:
+    def _read(self, nbytes: int, reason: str, sources: frozenset[int], expr: emu_ops.HostExpr | None,
+              value: torch.Tensor | None) -> None:
         """Note one host read in the forward being recorded (set as ops.read_sink)."""
         rec = self._sink_rec
         if rec is None or self._sink is None:
             return
         rec.reads.append((len(self._sink), nbytes, reason))
-        rec.read_sources.update(sources)
+        if sources and value is not None:
+            rec.read_sources.update(sources)
+            rec.value_reads.append((expr, value, sources))
+
+    def _file_reads(self, module: torch.nn.Module, entry: _Entry, rec: Recording, inputs: list[torch.Tensor],
+                    base: tuple[Any, ...], sub: tuple[Any, ...] | None) -> None:
+        """After recording a forward with reads of input-derived values: on the first such call, make its read
+        program and file the recording under the full key; later, check what it read is what its key promised."""
+        positions = tuple(i for i, t in enumerate(inputs) if emu_ops.known_sources(t) & rec.read_sources)
+        if not positions:
+            return
+        from_inputs = frozenset().union(*(emu_ops.known_sources(inputs[i]) for i in positions))
+        dep = [(e, v) for e, v, s in rec.value_reads if s & from_inputs]
+        read_key = ("reads", tuple(_digest(v) for _e, v in dep))
+        by_key = self.programs.get(module)
+        if by_key is None:
+            by_key = self.programs[module] = {}
+        program = by_key.get(base)
+        if program is None:  # this call ran under the plain key: file its recording under the full one
+            bound = tuple(emu_ops.known_expr(inputs[i]) for i in positions)
+            reads = tuple(e for e, _v in dep)
+            program = _ReadProgram(positions, None, None)
+            if all(e is not None for e in (*bound, *reads)):
+                program = _ReadProgram(positions, bound, reads)  # type: ignore[arg-type]
+                if program.key(inputs) != read_key:  # recomputing does not give what was read: key by the inputs
+                    program = _ReadProgram(positions, None, None)
+            by_key[base] = program
+            self.entries[module].setdefault((base, program.key(inputs)), entry)
+        elif sub is not None and sub[0] == "reads" and sub != read_key:
+            rec.ok = False  # the path read more (or other) values than its key: never replay it
 
     def _open(self, rec: Recording, ops: list[tuple[str, float, str]], bwd: bool) -> None:
         self._sink, self._sink_rec, self._sink_bwd, self._skipped = ops, rec, bwd, 0
@@ -460,7 +523,8 @@ class Replayer:
         return self._skipped
 
     def _record(self, orig: Any, module: torch.nn.Module, entry: _Entry, index: int, args: tuple[Any, ...],
-                kwargs: dict[str, Any], params: list[torch.nn.Parameter], base: tuple[Any, ...]) -> Any:
+                kwargs: dict[str, Any], params: list[torch.nn.Parameter], base: tuple[Any, ...],
+                sub: tuple[Any, ...] | None) -> Any:
         emu = self.emu
         device = emu.devices[index]
         rec = Recording(index, emu.current_stream(index).stream_id)
@@ -477,15 +541,7 @@ class Replayer:
         self.recorded += 1
         rec.ok = rec.ok and win.clean(len(rec.fwd), rec.reads)
         if rec.read_sources:  # reads that depended on host values: which inputs? See Note [Replay with host reads]
-            positions = tuple(i for i, t in enumerate(inputs) if emu_ops.known_sources(t) & rec.read_sources)
-            if positions:
-                by_key = self.value_inputs.get(module)
-                if by_key is None:
-                    by_key = self.value_inputs[module] = {}
-                if base not in by_key:  # this call ran under the plain key: file its recording under the full one
-                    by_key[base] = positions
-                    full = (base, tuple(_value_digest(inputs[i]) for i in positions))
-                    self.entries[module].setdefault(full, entry)
+            self._file_reads(module, entry, rec, inputs, base, sub)
         leaves, rec.out_spec = tree_flatten(out)
         for i, t in enumerate(leaves):
             if not isinstance(t, torch.Tensor):
