@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -371,6 +372,50 @@ def test_activation_checkpointing_recomputes_inside_the_step(a100: gt.Emulation)
     assert list(a100.replay.entries.keys()) == [model]
     # a replayed step charges what the recorded one did, recomputation included (chunked sums: float rounding only)
     assert busy[3] == pytest.approx(busy[1], rel=1e-6)
+
+
+def test_a_transformers_input_grad_hook_does_not_stop_replay(a100: gt.Emulation) -> None:
+    # transformers' gradient_checkpointing_enable() registers this hook on the input embeddings (same name, same
+    # body; its __module__ is transformers'), which kept a checkpointed model on the per-op path
+    def make_inputs_require_grads(module: nn.Module, args: Any, output: torch.Tensor) -> None:
+        output.requires_grad_(True)
+
+    hook = make_inputs_require_grads
+    hook.__module__ = "transformers.modeling_utils"
+    model = _Checkpointed().cuda()
+    model.b1.register_forward_hook(hook)
+    x = torch.randn(64, 256, device="cuda")
+    dev = a100.devices[0]
+    busy = []
+    for _ in range(4):
+        torch.cuda.synchronize()
+        before = dev.busy_s()
+        model(x).sum().backward()
+        torch.cuda.synchronize()
+        busy.append(dev.busy_s() - before)
+    assert a100.replay is not None and (a100.replay.recorded, a100.replay.replayed) == (2, 2)
+    assert busy[3] == pytest.approx(busy[1], rel=1e-6)  # the replayed step charges the recorded one
+    # any other hook (it could change the step) keeps the model on the per-op path
+    other = _Checkpointed().cuda()
+    other.b1.register_forward_hook(lambda m, a, o: None)
+    for _ in range(3):
+        other(x).sum().backward()
+    assert (a100.replay.recorded, a100.replay.replayed) == (2, 2)
+
+
+def test_bert_with_gradient_checkpointing_replays(a100: gt.Emulation) -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                                     intermediate_size=128, vocab_size=512)
+    model = transformers.BertForSequenceClassification(config).cuda()
+    model.gradient_checkpointing_enable()
+    model.train()
+    batch = {"input_ids": torch.randint(0, 512, (4, 32)).cuda(), "attention_mask": torch.ones(4, 32).long().cuda(),
+             "labels": torch.randint(0, 2, (4,)).cuda()}
+    for _ in range(4):
+        model(**batch).loss.backward()
+    assert a100.replay is not None
+    assert (a100.replay.recorded, a100.replay.replayed) == (2, 2)  # (4, 0) before: the input-grad hook
 
 
 def test_storages_have_distinct_addresses_shared_by_their_views(a100: gt.Emulation) -> None:

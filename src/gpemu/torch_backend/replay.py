@@ -698,6 +698,22 @@ def _params_if_hook_free(module: torch.nn.Module) -> list[torch.nn.Parameter]:
     return walk[0] if walk is not None else []
 
 
+# Note [Hooks that do not change a step]: a module hook could observe or change a forward, so a model with one is
+# never replayed. Some are known not to change which kernels run or what they cost: transformers'
+# `enable_input_require_grads()` (called by `gradient_checkpointing_enable()` and by PEFT/LoRA set-ups) registers
+# `make_inputs_require_grads` on the input embeddings, which only sets `requires_grad` on the embedding output so
+# that checkpointed blocks see a grad-requiring input. Its effect is in the recording (the ops the backward ran and
+# the output's requires_grad), so a replay that skips it charges the same step. Hooks gpemu does not know keep the
+# model on the per-op path.
+_NEUTRAL_HOOKS = frozenset({("transformers", "make_inputs_require_grads")})
+
+
+def _neutral_hook(hook: Any) -> bool:
+    """Return True for a module forward hook known not to change a step (Note [Hooks that do not change a step])."""
+    package = (getattr(hook, "__module__", None) or "").partition(".")[0]
+    return (package, getattr(hook, "__name__", "")) in _NEUTRAL_HOOKS
+
+
 def _walk(module: torch.nn.Module) -> tuple[list[torch.nn.Parameter], tuple[Any, ...], bool] | None:
     """Return (module.parameters() as a list, their part of the replay key, whether no parameter has a gradient
     hook: Note [Direct gradients]), or None when the module has no parameters or a module hook (other than gpemu's
@@ -721,7 +737,9 @@ def _walk(module: torch.nn.Module) -> tuple[list[torch.nn.Parameter], tuple[Any,
             continue
         visited.add(id(sub))
         if sub._forward_hooks or sub._forward_pre_hooks or sub._backward_hooks or sub._backward_pre_hooks:
-            return None
+            if (sub._forward_pre_hooks or sub._backward_hooks or sub._backward_pre_hooks
+                    or not all(_neutral_hook(h) for h in sub._forward_hooks.values())):
+                return None
         for p in sub._parameters.values():  # the order and de-duplication of module.parameters()
             if p is not None and id(p) not in seen:
                 seen.add(id(p))
