@@ -48,6 +48,7 @@ def parse_args():
     p.add_argument("--num_hidden_layers", type=int, default=12)
     p.add_argument("--num_workers", type=int, default=1)
     p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--gradient_checkpointing", action="store_true", help="model.gradient_checkpointing_enable()")
     return p.parse_args()
 
 
@@ -58,6 +59,8 @@ def main():
 
     config = BertConfig(num_labels=args.num_labels, num_hidden_layers=args.num_hidden_layers)
     model = BertForSequenceClassification(config).to(device)
+    if args.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
 
     train_ds = RandomTokens(args.num_train_samples, config.vocab_size, args.max_length, args.num_labels, args.seed)
     eval_ds = RandomTokens(args.num_eval_samples, config.vocab_size, args.max_length, args.num_labels, args.seed + 1)

@@ -252,3 +252,37 @@ def test_parameter_gradient_hooks_run_on_replayed_steps(emu: gt.Emulation) -> No
     assert sorted(seen) == ["grad"] * 4 + ["post"] * 4  # once per step each, replayed or not
     model(x).sum().backward()
     assert all(p.grad is not None and "_own" not in p.grad.__dict__ for p in model.parameters())  # not blocks
+
+
+def _mlp_backward_peaks(replay: bool) -> list[tuple[int, int, int]]:
+    """Per step: (level before backward, backward peak, level after backward) for an MLP whose gradients (8 x 4 MiB)
+    outweigh its backward's peak above its start: each layer frees its saved input as it makes its weight gradient."""
+    gt.install("a100", replay=replay)
+    try:
+        layers = [m for _ in range(8) for m in (torch.nn.Linear(1024, 1024), torch.nn.ReLU())]
+        model = torch.nn.Sequential(*layers[:-1]).cuda()  # ends with a Linear: its output is not saved for backward
+        x = torch.randn(512, 1024, device="cuda")
+        rows = []
+        for _ in range(4):
+            loss = model(x).sum()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+            loss.backward()
+            rows.append((before, torch.cuda.max_memory_allocated(), torch.cuda.memory_allocated()))
+            del loss
+            model.zero_grad()
+        return rows
+    finally:
+        gt.uninstall()
+
+
+def test_replayed_backward_peaks_where_the_per_op_backward_does() -> None:
+    per_op, replayed = _mlp_backward_peaks(False), _mlp_backward_peaks(True)
+    # the weight gradients alone: 8 * 1024*1024*4 = 32 MiB (+ 8 biases of 4 KiB); the per-op backward peaks far less
+    # above its start, since it frees each layer's saved activations (2 MiB input + 2 MiB ReLU output per layer)
+    grads = 8 * (1024 * 1024 * 4 + 4096)
+    assert per_op[-1][2] - per_op[-1][0] < grads  # activations freed: the level rises by less than the gradients
+    assert per_op[-1][1] - per_op[-1][0] < grads  # and so does the peak
+    # steps 3-4 replay: the same levels and peak (allocating every gradient while holding the activations
+    # overstated the peak by up to the gradients' size)
+    assert replayed == per_op
