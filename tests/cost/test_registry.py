@@ -131,3 +131,17 @@ def test_eval_batch_norm_makes_two_passes() -> None:
     legit = op_cost(torch.ops.aten._native_batch_norm_legit_no_training.default, (x, w, w, w, w, 0.1, 1e-5), {},
                     None)
     assert (train.bytes, evald.bytes, legit.bytes) == (3 * 401408, 2 * 401408, 2 * 401408)
+
+
+def test_nll_loss_reads_only_the_selected_log_probabilities() -> None:
+    # a language-model head: 8192 tokens x 50257 classes of fp32 log-probabilities (8192*50257*4 = 1_646_821_376 B)
+    x, target = _meta(8192, 50257), torch.empty(8192, dtype=torch.long, device="meta")
+    out = aten.nll_loss_forward.default(x, target, None, 1, -100)
+    cost = op_cost(aten.nll_loss_forward.default, (x, target, None, 1, -100), {}, out)
+    # one fp32 entry per target 8192*4 = 32768, the targets 8192*8 = 65536, loss + total_weight 4 + 4 -> 98312
+    assert (cost.flops, cost.bytes, cost.category) == (8192, 98312, "reduction")
+    g = torch.empty((), device="meta")
+    grad = aten.nll_loss_backward.default(g, x, target, None, 1, -100, out[1])
+    cost = op_cost(aten.nll_loss_backward.default, (g, x, target, None, 1, -100, out[1]), {}, grad)
+    # writes the whole gradient 8192*50257*4 = 1_646_821_376, scatters 8192*4 = 32768, reads 65536 of targets
+    assert cost.bytes == 1_646_821_376 + 32768 + 65536
