@@ -349,6 +349,28 @@ def streams_physically(spec: GPUSpec, dtype: str, m_stream: float) -> bool:
     return m_stream > 0 and dtype in ("fp16", "bf16")
 
 
+# Note [Row norms stream]: layer norm, softmax and log-softmax (and their backwards) are one-pass row kernels: read
+# x (and dy), write y. Under autocast they run in fp32 beside tensor-core GEMMs (autocast's fp32 list), and a
+# language model's loss upcasts its logits (GPT-2: 8192 x 50257 fp32). They were priced with the fp32 CNN fit's
+# "norm" efficiencies, whose split against the convolutions is not physical (Note [16-bit streaming]) and which the
+# fit sets from batch norm (m_norm_bwd = 0.28 of bandwidth): GPT-2's log_softmax backward cost 5.4 ms on an A100 for
+# 4.9 GB moved. The torchvision CNNs of the fit have no such op but the loss's log_softmax over B x 1000 logits, so
+# they are priced at m_stream in every float dtype, as the published vector kernels m_stream is fitted on
+# (fp32 `a * 1.2`) are.
+ROW_NORM_OPS = frozenset({"native_layer_norm", "native_layer_norm_backward", "_softmax", "_softmax_backward_data",
+                          "_log_softmax", "_log_softmax_backward_data"})
+
+
+def streams(spec: GPUSpec, dtype: str, category: str, name: str, m_stream: float) -> bool:
+    """Return True when an op is priced at m_stream of the datasheet bandwidth (Note [16-bit streaming], Note [Row
+    norms stream])."""
+    if category not in STREAM_CATEGORIES:
+        return False
+    if name in ROW_NORM_OPS:
+        return m_stream > 0 and dtype in ("fp32", "fp16", "bf16")
+    return streams_physically(spec, dtype, m_stream)
+
+
 def spec_columns(ops: OpArrays, spec: GPUSpec, tc_eff: float, m_stream: float = 0.0) -> SpecColumns:
     """Return the GPU-dependent per-op constants for `ops` on `spec` (`tc_eff`: Note [Tensor-core efficiency];
     `m_stream`: Note [16-bit streaming], 0 = off)."""
@@ -371,8 +393,8 @@ def spec_columns(ops: OpArrays, spec: GPUSpec, tc_eff: float, m_stream: float = 
             native = native_conv_layout(spec, ops.dtype[j], bool(ops.tensor_core[j]))
             if ops.category[j] == "conv" and native != LAYOUT_NONE and ops.layout[j] != native:
                 relayout[j] = 3.0 if ops.names[j].endswith("_backward") else 2.0  # dy, x, dx; forward: x, y
-    stream = np.array([c in STREAM_CATEGORIES and streams_physically(spec, d, m_stream)
-                       for c, d in zip(ops.category, ops.dtype, strict=True)], dtype=bool)
+    stream = np.array([streams(spec, d, c, name, m_stream)
+                       for c, d, name in zip(ops.category, ops.dtype, ops.names, strict=True)], dtype=bool)
     return SpecColumns(
         peak=peaks,
         tensor_core=on_tc,

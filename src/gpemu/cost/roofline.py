@@ -12,7 +12,6 @@ from gpemu.cost.model import (
     COMPUTE_PARAMS,
     LAYOUT_NHWC,
     LAYOUT_NONE,
-    STREAM_CATEGORIES,
     CostParams,
     bn_plane,
     compute_param_index,
@@ -21,6 +20,7 @@ from gpemu.cost.model import (
     native_conv_layout,
     peak_flops,
     plane_efficiency,
+    streams,
     streams_physically,
     uses_tensor_cores,
 )
@@ -95,7 +95,7 @@ def cost_time_s(cost: OpCost, name: str, spec: GPUSpec, params: CostParams | Non
     ramp = float(plane_efficiency(plane, p["bn_plane_half"]))
     bw = spec.memory_bw_gbps * 1e9 * f["b"]
     m_eff = m_ceiling * ramp
-    if cost.category in STREAM_CATEGORIES and streams_physically(spec, cost.dtype, params.m_stream):
+    if streams(spec, cost.dtype, cost.category, name, params.m_stream):
         bw, m_eff = spec.memory_bw_gbps * 1e9, params.m_stream * ramp  # Note [16-bit streaming]
     latency = p["mem_lat_cycles"] / (spec.boost_clock_mhz * 1e6)
     total = max(compute, cost.bytes / (bw * m_eff) + latency) + p["k0"]
