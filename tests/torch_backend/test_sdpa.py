@@ -83,3 +83,21 @@ def test_sdpa_kernel_math_is_honoured(a100: Any) -> None:
     with sdpa_kernel(SDPBackend.MATH):
         names = _ops(lambda: F.scaled_dot_product_attention(q, q, q))
     assert "_safe_softmax.default" in names and not any("flash" in n for n in names)
+
+
+def test_autocast_casts_mixed_inputs_for_every_backend(a100: Any) -> None:
+    # Llama under bf16 autocast: RoPE leaves q and k in fp32 beside a bf16 v, and grouped-query attention without a
+    # mask goes to the math backend with enable_gqa=True; torch refused the mixed dtypes there (Note [SDPA under
+    # autocast]) while a GPU's autocast casts all three first
+    q = torch.randn(2, 8, 16, 32, device="cuda", requires_grad=True)
+    k = torch.randn(2, 2, 16, 32, device="cuda", requires_grad=True)
+    v = torch.randn(2, 2, 16, 32, device="cuda").bfloat16().requires_grad_()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    assert out.dtype == torch.bfloat16 and tuple(out.shape) == (2, 8, 16, 32)
+    out.float().sum().backward()
+    assert q.grad is not None and q.grad.dtype == torch.float32  # gradients flow back through the casts
+    assert v.grad is not None and v.grad.dtype == torch.bfloat16
+    # without autocast a genuine mismatch still fails as it does on a GPU
+    with pytest.raises(RuntimeError, match="same dtype"):
+        F.scaled_dot_product_attention(q, k, v, enable_gqa=True)

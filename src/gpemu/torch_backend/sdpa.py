@@ -77,6 +77,13 @@ def fused_sdpa(original: Callable[..., Any], capability: tuple[int, int], dtype:
                                                         scale=scale)[0]
 
 
+# Note [SDPA under autocast]: scaled_dot_product_attention is on autocast's lower-precision list: on a GPU its
+# floating inputs (and a float mask) are cast to the autocast dtype before any backend runs. The fused backends here
+# cast q/k/v themselves, but the math backend (taken with enable_gqa=True, as transformers passes for grouped-query
+# attention without a mask) handed mixed inputs to torch (Llama's RoPE leaves q and k in fp32 beside a bf16 v), and
+# torch refused them ("Expected query, key, and value to have the same dtype"). All backends now see the casts.
+
+
 def patched(original: Callable[..., Any]) -> Callable[..., Any]:
     """Return an `F.scaled_dot_product_attention` that routes emulated inputs to the fused kernels."""
 
@@ -90,7 +97,13 @@ def patched(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                             scale=scale, enable_gqa=enable_gqa)
         capability = tuple(emu.devices[query._index].spec.compute_capability)
-        return fused_sdpa(original, capability, emu.autocast_dtype() or query.dtype, query, key,  # type: ignore[arg-type]
+        low = emu.autocast_dtype()
+        if low is not None:  # See Note [SDPA under autocast]
+            query, key, value = (t.to(low) if t.is_floating_point() and t.dtype != low else t
+                                 for t in (query, key, value))
+            if isinstance(attn_mask, torch.Tensor) and attn_mask.is_floating_point() and attn_mask.dtype != low:
+                attn_mask = attn_mask.to(low)
+        return fused_sdpa(original, capability, low or query.dtype, query, key,  # type: ignore[arg-type]
                           value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
     return scaled_dot_product_attention
