@@ -499,3 +499,29 @@ def test_detached_labels_keep_their_values(a100: gt.Emulation) -> None:
     # the Trainer's evaluation: nested_detach(labels), concatenated across batches, then .cpu().numpy()
     gathered = torch.cat([labels.detach(), labels.detach()])
     assert gathered.cpu().tolist() == [0, 1, 1, 0, 0, 1, 1, 0]  # read as zeros before (accuracy 1.0)
+
+
+def test_a_generate_loop_stops_at_its_max_length(a100: gt.Emulation) -> None:
+    # transformers' generate(): `unfinished &= ~(max_length_reached | eos_seen)` until `unfinished.max() == 0`; the
+    # EOS check reads generated tokens (not computed), which made the whole chain unknown and read False forever
+    # (Note [Absorbing operands])
+    head = nn.Linear(64, 100).cuda()
+    hidden = torch.randn(2, 64, device="cuda")
+    unfinished = torch.ones(2, dtype=torch.long, device="cuda")
+    steps, max_new_tokens = 0, 5
+    while True:
+        tokens = head(hidden).argmax(-1)
+        eos = torch.isin(tokens, torch.tensor([2], device="cuda"))
+        done = torch.full((2,), steps + 1 >= max_new_tokens, dtype=torch.bool, device="cuda") | eos
+        unfinished = unfinished & ~done
+        steps += 1
+        if bool(unfinished.max() == 0) or steps >= 50:
+            break
+    assert steps == max_new_tokens  # 50 before: the loop never stopped by itself
+    # an all-False operand of & and an all-True one of | decide the result; otherwise it stays unknown
+    unknown = head(hidden).argmax(-1) == 3
+    assert (unknown & torch.zeros(2, dtype=torch.bool, device="cuda")).tolist() == [False, False]
+    assert (torch.ones(2, dtype=torch.bool, device="cuda") | unknown).tolist() == [True, True]
+    from gpemu.torch_backend.ops import known_value
+
+    assert known_value(unknown | torch.zeros(2, dtype=torch.bool, device="cuda")) is None  # False decides no |

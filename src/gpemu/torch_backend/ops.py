@@ -498,6 +498,46 @@ SPECIAL[aten.index_put.default] = _bool_index
 # False (everything valid, nothing flagged), unless the value hook answers.
 
 
+# Note [Absorbing operands]: `known | unknown` is known when the known side is all True, and `known & unknown` when it
+# is all False, whatever the unknown side holds. Hugging Face's generate() stops on
+# `unfinished_sequences.max() == 0`, with `unfinished &= ~(max_length_reached | eos_seen)`: the EOS check reads the
+# generated tokens, which gpemu does not compute, so the whole chain was unknown, the read returned False every step,
+# and generation never stopped (a hang). With the max-length flag known, the chain stays known and generation stops
+# at max_new_tokens (EOS is never seen: token values are not computed).
+def _absorb(func: Any, args: Any, out: EmuTensor, fill: bool) -> None:
+    for a in args[:2]:
+        rec = _known_record(a) if type(a) is EmuTensor and not a.requires_grad else None
+        if rec is None or rec[1] or not rec[0].numel():
+            continue
+        value = rec[0]
+        if bool(value.all()) if fill else not bool(value.any()):
+            if torch.broadcast_shapes(tuple(value.shape), tuple(out.shape)) != tuple(out.shape):
+                continue
+            shape, dtype = tuple(out.shape), out.dtype
+            set_known_value(out, torch.full(shape, fill, dtype=dtype), sources=_sources.get(id(a)),
+                            expr=HostExpr(_absorbed, (_operand(a), shape, dtype, fill)))
+            return
+
+
+def _absorbed(value: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype, fill: bool) -> torch.Tensor:
+    """Recompute an absorbed result (Note [Read programs]); raise when the operand no longer decides it."""
+    if not (bool(value.all()) if fill else not bool(value.any())):
+        raise ValueError("the known operand no longer decides the result")
+    return torch.full(shape, fill, dtype=dtype)
+
+
+def _or_and(func: Any, args: Any, kwargs: Any) -> Any:
+    out = run_op(func, args, kwargs)
+    if isinstance(out, EmuTensor) and out.numel() * out.element_size() <= KNOWN_VALUE_MAX_BYTES and not (
+            propagate_known(func, args, kwargs, out)):
+        _absorb(func, args, out, func.overloadpacket in (aten.bitwise_or, aten.logical_or))
+    return out
+
+
+for _op in (aten.bitwise_or.Tensor, aten.logical_or.default, aten.bitwise_and.Tensor, aten.logical_and.default):
+    SPECIAL[_op] = _or_and
+
+
 def _all_any(func: Any, args: Any, kwargs: Any) -> Any:
     out = run_op(func, args, kwargs)
     if isinstance(out, EmuTensor) and propagate_known(func, args, kwargs, out):
