@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -109,9 +110,51 @@ def cost_time_s(cost: OpCost, name: str, spec: GPUSpec, params: CostParams | Non
     return total
 
 
+# Note [FP32 math modes]: on a GPU with TF32 tensor cores an fp32 GEMM runs on them when
+# `torch.backends.cuda.matmul.allow_tf32` is set (`torch.set_float32_matmul_precision("high")` sets it; off by
+# default), and an fp32 convolution unless `torch.backends.cudnn.allow_tf32` is cleared (on by default). The model's
+# fp32 default follows torch's defaults (TF32 convolutions, IEEE GEMMs: Note [Time model]); a script that changes
+# either flag changed nothing, although the two paths differ ~8x in peak on an A100 (156 vs 19.5 TFLOPS). op_time_s
+# now prices fp32 matmul/attention as "tf32" under the first flag and fp32 convolutions as "fp32_ieee" (CUDA cores,
+# NCHW-native) without the second.
+FP32_IEEE = "fp32_ieee"
+
+
+def _tf32(*levels: Any) -> bool:
+    """Return whether the first `fp32_precision` in `levels` that is not "none" is "tf32" (torch's inheritance)."""
+    for level in levels:
+        value = getattr(level, "fp32_precision", "none")
+        if value != "none":
+            return bool(value == "tf32")
+    return False
+
+
+def fp32_math_modes() -> tuple[bool, bool]:
+    """Return (fp32 GEMMs on TF32, fp32 convolutions on TF32) as torch's flags set them (Note [FP32 math modes]).
+    Reads the fp32_precision API (the legacy allow_tf32 getters raise once a script mixed the two APIs)."""
+    backends = torch.backends
+    try:
+        return (_tf32(backends.cuda.matmul, backends.cuda, backends),
+                _tf32(getattr(backends.cudnn, "conv", None), backends.cudnn, backends))
+    except (AttributeError, RuntimeError):  # a torch without fp32_precision
+        return bool(backends.cuda.matmul.allow_tf32), bool(backends.cudnn.allow_tf32)
+
+
+def with_fp32_modes(cost: OpCost, spec: GPUSpec, modes: tuple[bool, bool]) -> OpCost:
+    """Return `cost` with its dtype set by the fp32 math modes on a TF32-capable `spec` (Note [FP32 math modes])."""
+    if cost.dtype != "fp32" or not spec.peak_tflops.get("tf32", 0.0):
+        return cost
+    if cost.category in ("matmul", "attention") and modes[0]:
+        return replace(cost, dtype="tf32")
+    if cost.category == "conv" and not modes[1]:
+        return replace(cost, dtype=FP32_IEEE)
+    return cost
+
+
 def op_time_s(func: Any, args: Sequence[Any], kwargs: dict[str, Any], out: Any, spec: GPUSpec) -> float:
     """Return one aten op's kernel seconds on `spec` (fitted roofline, no launch overhead), cached by signature."""
-    key = (func, spec.key, _sig(args), _sig(list(kwargs.values())) + tuple(kwargs) if kwargs else None)
+    modes = fp32_math_modes()
+    key = (func, spec.key, modes, _sig(args), _sig(list(kwargs.values())) + tuple(kwargs) if kwargs else None)
     hit = _cache.get(key)
     if hit is not None:
         return hit
@@ -120,7 +163,7 @@ def op_time_s(func: Any, args: Sequence[Any], kwargs: dict[str, Any], out: Any, 
     name = op_name(func)
     first = args[0] if args else None
     plane = bn_plane(name, tuple(first.shape)) if isinstance(first, torch.Tensor) else math.inf
-    value = cost_time_s(op_cost(func, args, kwargs, out), name, spec, plane=plane)
+    value = cost_time_s(with_fp32_modes(op_cost(func, args, kwargs, out), spec, modes), name, spec, plane=plane)
     if len(_cache) >= _CACHE_LIMIT:
         _cache.clear()
     _cache[key] = value

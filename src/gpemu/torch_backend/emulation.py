@@ -74,7 +74,9 @@ def install(
     optim_replay.apply(_patcher)
     patch_module_call(emu, _patcher)
     emu.phases.install()
-    from gpemu.torch_backend.tensor import WaitsInsideOps
+    from gpemu.torch_backend.tensor import WaitsInsideOps, check_fp32_modes
+
+    check_fp32_modes()  # costs cached under other TF32 flags are dropped (Note [FP32 math modes])
 
     waits = WaitsInsideOps()
     for dev in devices:

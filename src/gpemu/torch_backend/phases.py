@@ -279,7 +279,9 @@ class PhaseTracker:
         pending, self.pending_kwargs = self.pending_kwargs, None
         if self.top is not None or _replica_thread() or torch._C._current_autograd_node() is not None:
             return  # inside backward: activation checkpointing's recomputation (Note [Modules called in backward])
-        from gpemu.torch_backend.tensor import EmuTensor
+        from gpemu.torch_backend.tensor import EmuTensor, check_fp32_modes
+
+        check_fp32_modes()  # cached op costs follow the TF32 flags (Note [FP32 math modes] in cost/roofline.py)
 
         batch = next((a for a in args if isinstance(a, EmuTensor)), None)
         if batch is None and pending is not None and pending[0] is module:  # See Note [Keyword inputs]
@@ -309,6 +311,14 @@ class PhaseTracker:
         emu = state.current_emulation()
         amp = emu.autocast_dtype() if emu is not None else None
         dtype = "fp32" if amp is None else "amp_bf16" if amp == torch.bfloat16 else "amp"
+        if amp is None and emu is not None and emu.devices[batch._index].spec.peak_tflops.get("tf32", 0.0):
+            from gpemu.cost.roofline import fp32_math_modes
+
+            matmul_tf32, conv_tf32 = fp32_math_modes()  # See Note [FP32 math modes] in cost/roofline.py
+            if not conv_tf32:
+                return None  # no phase prediction prices IEEE fp32 convolutions: per op
+            if matmul_tf32:
+                dtype = "tf32"
         fmt = "channels_last" if _channels_last_step(module, batch) else "nchw"
         return (workload, int(batch.shape[0]) if batch.dim() else 1, dtype, fmt)
 

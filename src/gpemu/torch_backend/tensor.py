@@ -405,6 +405,24 @@ def call_meta(func: Any, uargs: Any, ukwargs: Any) -> Any:
         ) from None
 
 
+_fp32_modes: tuple[bool, bool] | None = None
+
+
+def check_fp32_modes() -> tuple[bool, bool]:
+    """Return torch's fp32 math modes; forget cached op costs when they changed since the last call (Note [FP32
+    math modes] in cost/roofline.py: a script sets the TF32 flags before its model runs, or between runs)."""
+    global _fp32_modes
+    from gpemu.cost.roofline import fp32_math_modes
+
+    modes = fp32_math_modes()
+    if modes != _fp32_modes:
+        if _fp32_modes is not None:
+            _cost_cache.clear()
+            _op_cache.clear()
+        _fp32_modes = modes
+    return modes
+
+
 def op_cost_s(func: Any, uargs: Any, ukwargs: Any, out: Any, index: int) -> float:
     """Return the predicted kernel time of one op on device `index`, cached by (op, shapes, dtypes, scalars)."""
     key = (func, index, _signature(uargs), _signature(ukwargs))
