@@ -354,17 +354,23 @@ class _Checkpointed(nn.Module):
         return checkpoint(self.b2, h, use_reentrant=False)
 
 
-def test_activation_checkpointing_recomputes_inside_the_step(a100: gt.Emulation) -> None:
-    model = _Checkpointed().cuda()
-    x = torch.randn(64, 256, device="cuda", requires_grad=True)
-    dev = a100.devices[0]
+def _step_busy_s(emu: gt.Emulation, model: nn.Module, x: torch.Tensor, steps: int) -> list[float]:
+    """Run `steps` forward/backward steps; return the GPU compute busy seconds of each."""
+    dev = emu.devices[0]
     busy = []
-    for _ in range(4):
+    for _ in range(steps):
         torch.cuda.synchronize()
         before = dev.busy_s()
         model(x).sum().backward()
         torch.cuda.synchronize()
         busy.append(dev.busy_s() - before)
+    return busy
+
+
+def test_activation_checkpointing_recomputes_inside_the_step(a100: gt.Emulation) -> None:
+    model = _Checkpointed().cuda()
+    x = torch.randn(64, 256, device="cuda", requires_grad=True)
+    busy = _step_busy_s(a100, model, x, 4)
     # the blocks' forwards run again in backward; that was a new step each (5 steps for 4) and the blocks were
     # recorded as top modules, so the model never replayed
     assert a100.phases.steps == 4
@@ -385,14 +391,7 @@ def test_a_transformers_input_grad_hook_does_not_stop_replay(a100: gt.Emulation)
     model = _Checkpointed().cuda()
     model.b1.register_forward_hook(hook)
     x = torch.randn(64, 256, device="cuda")
-    dev = a100.devices[0]
-    busy = []
-    for _ in range(4):
-        torch.cuda.synchronize()
-        before = dev.busy_s()
-        model(x).sum().backward()
-        torch.cuda.synchronize()
-        busy.append(dev.busy_s() - before)
+    busy = _step_busy_s(a100, model, x, 4)
     assert a100.replay is not None and (a100.replay.recorded, a100.replay.replayed) == (2, 2)
     assert busy[3] == pytest.approx(busy[1], rel=1e-6)  # the replayed step charges the recorded one
     # any other hook (it could change the step) keeps the model on the per-op path
