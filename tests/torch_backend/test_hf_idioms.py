@@ -524,3 +524,18 @@ def test_a_generate_loop_stops_at_its_max_length(a100: gt.Emulation) -> None:
     from gpemu.torch_backend.ops import known_value
 
     assert known_value(unknown | torch.zeros(2, dtype=torch.bool, device="cuda")) is None  # False decides no |
+
+
+def test_t5_with_its_encoder_decoder_cache_replays(a100: gt.Emulation) -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.T5Config(d_model=64, d_ff=128, num_layers=2, num_heads=4, vocab_size=512,
+                                   decoder_start_token_id=0)
+    model = transformers.T5ForConditionalGeneration(config).cuda().train()
+    batch = {"input_ids": torch.randint(5, 512, (4, 24)).cuda(), "attention_mask": torch.ones(4, 24).long().cuda(),
+             "labels": torch.randint(5, 512, (4, 8)).cuda()}
+    for _ in range(4):
+        out = model(**batch)
+        out.loss.backward()
+    assert a100.replay is not None
+    assert (a100.replay.recorded, a100.replay.replayed) == (2, 2)  # (4, 0) before: the EncoderDecoderCache output
+    assert type(out.past_key_values).__name__ == "EncoderDecoderCache"  # a new, empty one on replay

@@ -658,7 +658,10 @@ def _grads_exist(params: Any) -> bool:
 # numbers, strings) are returned as recorded. A transformers Cache (GPT-2 and other causal LMs build a DynamicCache
 # on every training forward while config.use_cache is on, and return it in the output) is returned as a new empty
 # cache of the same class: training code does not read it, and the recorded one would keep the recorded call's keys
-# and values alive. Any other object makes the call unreplayable (it may hold tensors of this call).
+# and values alive. An encoder-decoder model's EncoderDecoderCache (T5, BART, Whisper) needs its two caches as
+# arguments: it is rebuilt from two new empty ones (before session 5 it made those models unreplayable: a T5
+# training step stayed on the per-op path). Any other object makes the call unreplayable (it may hold tensors of
+# this call).
 _CONSTANTS = (type(None), bool, int, float, str)
 
 
@@ -670,10 +673,28 @@ def _other_leaf(leaf: Any) -> tuple[bool, Any] | None:
     if any(c.__name__ == "Cache" and c.__module__.startswith("transformers") for c in cls.__mro__):
         try:
             cls()
-        except Exception:  # a cache that needs arguments (StaticCache): not rebuilt
-            return None
+        except Exception:  # a cache that needs arguments: an encoder-decoder pair of caches, or not rebuilt
+            return _pair_cache(leaf, cls)
         return False, cls
     return None
+
+
+def _pair_cache(leaf: Any, cls: type) -> tuple[bool, Any] | None:
+    """Return (False, factory) for a cache built from two empty-constructible caches (transformers'
+    EncoderDecoderCache of T5, BART, Whisper: Note [Output objects]), else None (StaticCache: not rebuilt)."""
+    parts = [_other_leaf(getattr(leaf, name, None)) for name in ("self_attention_cache", "cross_attention_cache")]
+    if any(p is None or p[0] for p in parts):
+        return None
+    make_self, make_cross = (p[1] for p in parts if p is not None)
+
+    def factory() -> Any:
+        return cls(make_self(), make_cross())
+
+    try:
+        factory()
+    except Exception:
+        return None
+    return False, factory
 
 
 # Note [Direct gradients]: returning a parameter's gradient from the replayed backward makes autograd run its
