@@ -11,6 +11,19 @@ import pytest
 import gpemu.torch_backend as gt
 
 
+@pytest.fixture(autouse=True)
+def _fp32_precision() -> Iterator[None]:
+    """Restore torch's TF32 settings after every test: scripts run in-process (nanoGPT's idioms) set them, and they
+    change how fp32 GEMMs and convolutions are priced (Note [FP32 math modes] in cost/roofline.py)."""
+    import torch
+
+    saved = (torch.backends.fp32_precision, torch.backends.cuda.matmul.fp32_precision,
+             torch.backends.cudnn.fp32_precision, torch.backends.cudnn.conv.fp32_precision)
+    yield
+    (torch.backends.fp32_precision, torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.fp32_precision,
+     torch.backends.cudnn.conv.fp32_precision) = saved
+
+
 @pytest.fixture
 def emu() -> Iterator[gt.Emulation]:
     """Return an installed 1x V100 emulation; uninstall afterwards."""

@@ -15,10 +15,8 @@ from gpemu.hardware import get_gpu
 
 @pytest.fixture
 def flags() -> Iterator[None]:
-    """Restore torch's fp32 precision settings after the test."""
-    saved = (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision)
+    """The fp32 precision settings are restored after each test by conftest's autouse fixture."""
     yield
-    torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision = saved
 
 
 def _busy_s(gpu: str, fn) -> float:  # type: ignore[no-untyped-def]

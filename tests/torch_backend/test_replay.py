@@ -101,10 +101,38 @@ def test_shape_change_falls_back_and_records_again(emu: gt.Emulation) -> None:
     assert out.shape == (4, 10)  # per-op path with the new batch size
     assert emu.replay.replayed == 1
     _train(model, x4, y4, 3)
-    # b4: the lone forward above never got its backward, so it does not count; steps 1-2 record, step 3 replays
-    assert emu.replay.replayed == 2
+    # b4: the lone forward above never got its backward, so it does not count; step 1 records and, as it runs the
+    # ops of the ready b8 recording in the same order, is ready at once (Note [New shapes]): steps 2-3 replay
+    assert emu.replay.replayed == 3
     out8 = model(x8)
-    assert out8.shape == (8, 10) and emu.replay.replayed == 3  # the b8 recording is still ready
+    assert out8.shape == (8, 10) and emu.replay.replayed == 4  # the b8 recording is still ready
+
+
+def test_a_new_shape_of_a_replaying_module_replays_after_one_recording(emu: gt.Emulation) -> None:
+    model = _small().cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    dev = emu.devices[0]
+
+    def step(x: torch.Tensor) -> tuple[float, int]:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = dev.busy_s()
+        model(x).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        torch.cuda.synchronize()
+        return dev.busy_s() - before, torch.cuda.max_memory_allocated()
+
+    for _ in range(3):
+        step(torch.randn(8, 3, 16, 16, device="cuda"))
+    assert emu.replay.replayed == 1
+    x4 = torch.randn(4, 3, 16, 16, device="cuda")
+    b4 = [step(x4) for _ in range(3)]
+    # b4's first step records the b8 recording's ops in the same order: ready at once (Note [New shapes]), so steps
+    # 2-3 replay (before: steps 1-2 recorded, only step 3 replayed); they charge and peak as the recorded step did
+    assert emu.replay.replayed == 3
+    assert b4[1][0] == pytest.approx(b4[0][0], rel=1e-6) and b4[2][0] == pytest.approx(b4[0][0], rel=1e-6)
+    assert b4[1][1] == b4[0][1]
 
 
 def test_env_zero_disables_replay(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -134,6 +134,7 @@ class Recording:
 class _Entry:
     last: Recording | None = None
     ready: Recording | None = None
+    siblings: dict[Any, _Entry] | None = None  # the module's entries under other keys: Note [New shapes]
 
 
 class _Window:
@@ -433,7 +434,7 @@ class Replayer:
             per_module = self.entries[module] = {}
         entry = per_module.get(key)
         if entry is None:
-            entry = per_module[key] = _Entry()
+            entry = per_module[key] = _Entry(siblings=per_module)
         params, _params_key, direct_ok = walk
         if entry.ready is not None:
             direct = tuple(params) if direct_ok and not _distributed() else None
@@ -604,8 +605,10 @@ class Replayer:
         rec.done = True
         last = entry.last
         entry.last = rec
-        if rec.ok and last is not None and last.ok and last.matches(rec):
-            rec.bwd_peaks = {last.bwd_state: last.bwd_peak_bytes, rec.bwd_state: rec.bwd_peak_bytes}
+        matched = last is not None and last.ok and last.matches(rec)
+        if rec.ok and (matched or _like_a_sibling(entry, rec)):  # See Note [New shapes]
+            rec.bwd_peaks = {last.bwd_state: last.bwd_peak_bytes} if matched and last is not None else {}
+            rec.bwd_peaks[rec.bwd_state] = rec.bwd_peak_bytes
             rec.fwd_chunks = _chunks(rec.fwd, "forward")
             rec.fwd_segments = _segments(rec)
             rec.bwd_chunks = _chunks(rec.bwd, "backward")
@@ -663,6 +666,31 @@ def _grads_exist(params: Any) -> bool:
 # training step stayed on the per-op path). Any other object makes the call unreplayable (it may hold tensors of
 # this call).
 _CONSTANTS = (type(None), bool, int, float, str)
+
+
+# Note [New shapes]: a recording becomes replayable when two calls under one key (shapes, dtypes, modes, read values)
+# ran the same ops at the same costs: the first call of a module may differ from later ones (lazy initialisation,
+# a first-call branch). A module whose batches change shape (dynamic padding: each batch padded to its longest
+# sequence) paid two per-op calls for every new shape. Once the module has a replayable recording under another key,
+# a first recording whose ops are that recording's ops in the same order (names, reads, outputs; costs and memory
+# follow the shape) is replayable at once: the module has shown it has no first-call difference.
+def _like_a_sibling(entry: _Entry, rec: Recording) -> bool:
+    """Return True when the module already replays under another key the same op sequence as `rec`."""
+    if not entry.siblings:
+        return False
+    names: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+    for other in entry.siblings.values():
+        ready = other.ready
+        if other is entry or ready is None or ready.stream_id != rec.stream_id or len(ready.fwd) != len(rec.fwd):
+            continue
+        if (len(ready.bwd) != len(rec.bwd) or len(ready.out_meta) != len(rec.out_meta)
+                or [r[2] for r in ready.reads] != [r[2] for r in rec.reads] or ready.out_other.keys() != rec.out_other.keys()):
+            continue
+        if names is None:
+            names = tuple(n for n, _s, _c in rec.fwd), tuple(n for n, _s, _c in rec.bwd)
+        if names == (tuple(n for n, _s, _c in ready.fwd), tuple(n for n, _s, _c in ready.bwd)):
+            return True
+    return False
 
 
 def _other_leaf(leaf: Any) -> tuple[bool, Any] | None:
