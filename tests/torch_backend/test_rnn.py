@@ -99,3 +99,56 @@ def test_unsorted_lengths_are_sorted_by_torch(emu: gt.Emulation) -> None:
     assert packed.sorted_indices.tolist() == [1, 2, 0] and packed.unsorted_indices.tolist() == [2, 0, 1]
     padded, lengths = torch.nn.utils.rnn.pad_packed_sequence(packed, batch_first=True)
     assert padded.shape == (3, 4, 2) and lengths.tolist() == [2, 4, 3]  # original order restored
+
+
+def _step_items(emu: gt.Emulation, run: Any) -> list[str]:
+    names = _Names()
+    emu.devices[0].add_listener(names)
+    run()
+    return [n for n, _ in names.items]
+
+
+def test_lstm_cell_step_runs_the_fused_cuda_kernels(emu: gt.Emulation) -> None:
+    # See Note [Fused RNN cells]: CUDA's LSTMCell is two GEMMs and one fused gate kernel forward; backward is the
+    # fused gate backward (which also sums the bias gradient) plus the GEMMs' gradients
+    cell = torch.nn.LSTMCell(3, 5).cuda()
+    x = torch.randn(4, 3, device="cuda")
+    h = torch.zeros(4, 5, device="cuda")
+    c = torch.zeros(4, 5, device="cuda")
+    out: dict[str, Any] = {}
+
+    def forward() -> None:
+        out["h"], out["c"] = cell(x, (h, c))
+
+    fwd = _step_items(emu, forward)
+    assert fwd == ["mm.default", "mm.default", "_thnn_fused_lstm_cell.default"]  # not ~12 decomposed ops
+    assert out["h"].shape == out["c"].shape == (4, 5) and out["h"].device.type == "cuda"
+    bwd = _step_items(emu, lambda: (out["h"].sum() + out["c"].sum()).backward())
+    assert "_thnn_fused_lstm_cell_backward_impl.default" in bwd and "sigmoid_backward.default" not in bwd
+    assert {tuple(p.grad.shape) for p in cell.parameters()} == {(20, 3), (20, 5), (20,)}  # 4 gates x 5 hidden
+
+
+def test_gru_cell_step_runs_the_fused_cuda_kernels(emu: gt.Emulation) -> None:
+    cell = torch.nn.GRUCell(3, 5, bias=True).cuda().double()
+    x = torch.randn(4, 3, device="cuda", dtype=torch.float64, requires_grad=True)
+    h = torch.zeros(4, 5, device="cuda", dtype=torch.float64)
+    out: dict[str, Any] = {}
+
+    def forward() -> None:
+        out["h"] = cell(x, h)
+
+    assert _step_items(emu, forward) == ["mm.default", "mm.default", "_thnn_fused_gru_cell.default"]
+    assert out["h"].shape == (4, 5) and out["h"].dtype == torch.float64
+    bwd = _step_items(emu, lambda: out["h"].sum().backward())
+    assert "_thnn_fused_gru_cell_backward.default" in bwd
+    assert x.grad is not None and x.grad.shape == (4, 3)
+    assert {tuple(p.grad.shape) for p in cell.parameters()} == {(15, 3), (15, 5), (15,)}  # 3 gates x 5 hidden
+    # an unbatched input (LSTMCell/GRUCell unsqueeze it before _VF) and a cell without biases
+    plain = torch.nn.GRUCell(3, 5, bias=False).cuda()
+    assert plain(torch.randn(3, device="cuda")).shape == (5,)
+
+
+def test_cpu_cells_keep_torchs_path(emu: gt.Emulation) -> None:
+    cell = torch.nn.LSTMCell(3, 5)
+    h, c = cell(torch.ones(2, 3))
+    assert not isinstance(h, gt.EmuTensor) and torch.isfinite(h).all() and h.shape == c.shape == (2, 5)

@@ -204,6 +204,24 @@ def _nll_loss_backward(args: Any, kwargs: Any) -> Any:
     return _like(args[1])
 
 
+# ---- fused recurrent cells (Note [Fused RNN cells] in rnn.py): CUDA-only ops without a meta kernel -----------
+
+
+@_fast(aten._thnn_fused_gru_cell.default)
+def _fused_gru_cell(args: Any, kwargs: Any) -> Any:
+    hx = args[2]  # (input_gates [B, 3H], hidden_gates [B, 3H], hx [B, H], biases) -> (hy, workspace [B, 5H])
+    return _like(hx), torch.empty((hx.shape[0], 5 * hx.shape[1]), dtype=hx.dtype, device=META)
+
+
+@_fast(aten._thnn_fused_gru_cell_backward.default)
+def _fused_gru_cell_backward(args: Any, kwargs: Any) -> Any:
+    grad_hy, _workspace, has_bias = args[:3]
+    b, h = grad_hy.shape
+    gates = torch.empty((b, 3 * h), dtype=grad_hy.dtype, device=META)
+    bias = _vec(3 * h, grad_hy.dtype) if has_bias else None
+    return gates, torch.empty_like(gates), _like(grad_hy), bias, None if bias is None else torch.empty_like(bias)
+
+
 # ---- foreach (optimizers) ------------------------------------------------------------------------------------
 
 
