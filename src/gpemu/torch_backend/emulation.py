@@ -13,7 +13,17 @@ import torch
 from gpemu.device import EmulatedGPU, TraceRecorder
 from gpemu.errors import GpemuError
 from gpemu.hardware import get_gpu
-from gpemu.torch_backend import autocast, data_parallel, dropout, module_move, optim_replay, rnn, sdpa, state
+from gpemu.torch_backend import (
+    autocast,
+    data_parallel,
+    dropout,
+    ipc,
+    module_move,
+    optim_replay,
+    rnn,
+    sdpa,
+    state,
+)
 from gpemu.torch_backend.autocast import release_casts
 from gpemu.torch_backend.patches import Patcher, apply
 from gpemu.torch_backend.phases import PhaseLookup, PhaseTracker, model_from_env
@@ -63,6 +73,7 @@ def install(
     _patcher = Patcher()
     apply(emu, _patcher)
     rnn.apply(_patcher)
+    ipc.apply(_patcher)
     data_parallel.apply(_patcher)
     module_move.apply(_patcher)
     sdpa.apply(_patcher)

@@ -1,0 +1,46 @@
+"""Hogwild idioms: `Module.share_memory()` on the emulated GPU and emulated tensors sent to other processes."""
+
+from __future__ import annotations
+
+import io
+import pickle
+from multiprocessing.reduction import ForkingPickler
+
+import pytest
+import torch
+
+import gpemu.torch_backend as gt
+from gpemu.errors import GpemuError
+from gpemu.torch_backend import ipc
+
+
+def test_share_memory_is_a_no_op_on_the_device(emu: gt.Emulation) -> None:
+    model = torch.nn.Linear(4, 3).cuda()
+    before = torch.cuda.memory_allocated()
+    assert model.share_memory() is model  # torch moved CPU storages to shared memory: "only available on CPU"
+    assert all(isinstance(p, gt.EmuTensor) and p.is_shared() for p in model.parameters())
+    assert torch.cuda.memory_allocated() == before
+
+
+def test_sending_a_model_to_another_process_rebuilds_it_on_the_emulated_gpu(emu: gt.Emulation) -> None:
+    # See Note [Emulated tensors across processes]: torch.multiprocessing pickles with ForkingPickler (CUDA IPC on a
+    # GPU); the receiver gets emulated tensors of the same metadata, not CPU zeros whose fd was already closed
+    model = torch.nn.Linear(256, 128).cuda()
+    buf = io.BytesIO()
+    ForkingPickler(buf, pickle.HIGHEST_PROTOCOL).dump(model)
+    before = torch.cuda.memory_allocated()
+    received = pickle.loads(buf.getvalue())
+    weight, bias = received.weight, received.bias
+    assert isinstance(weight, torch.nn.Parameter) and isinstance(weight, gt.EmuTensor)
+    assert weight.device == torch.device("cuda", 0) and weight.shape == (128, 256) and weight.requires_grad
+    assert bias.shape == (128,)
+    # 128 * 256 * 4 B = 131072 B (already a multiple of 512); 128 * 4 B = 512 B
+    assert torch.cuda.memory_allocated() - before == 131072 + 512
+    received(torch.randn(2, 256, device="cuda")).sum().backward()
+    assert weight.grad is not None and weight.grad.shape == (128, 256)
+
+
+def test_receiving_without_an_emulation_says_how_to_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GPEMU_GPU", raising=False)
+    with pytest.raises(GpemuError, match="gpemu run"):
+        ipc.rebuild_emulated((2,), (1,), torch.float32, 0, False, False)
