@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import io
+import json
 import pickle
+import subprocess
+import sys
 from multiprocessing.reduction import ForkingPickler
+from pathlib import Path
 
 import pytest
 import torch
@@ -44,3 +48,20 @@ def test_receiving_without_an_emulation_says_how_to_run(monkeypatch: pytest.Monk
     monkeypatch.delenv("GPEMU_GPU", raising=False)
     with pytest.raises(GpemuError, match="gpemu run"):
         ipc.rebuild_emulated((2,), (1,), torch.float32, 0, False, False)
+
+
+def test_hogwild_script_trains_in_spawned_processes_under_gpemu_run(tmp_path: Path) -> None:
+    # end to end: each spawned trainer receives the emulated model, installs its own emulation and writes its own
+    # report beside the parent's (r.pid<PID>.json), so the parent's r.json is not overwritten
+    script = Path(__file__).resolve().parent / "scripts" / "hogwild_train.py"
+    done = subprocess.run(
+        [sys.executable, "-m", "gpemu", "run", "--gpu", "a100", "--report-json", str(tmp_path / "r.json"), "--",
+         "python", str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("trained on cuda:0") == 2 and "done" in done.stdout
+    children = sorted(tmp_path.glob("r.pid*.json"))
+    assert len(children) == 2
+    for child in children:  # no DataLoader: its 4 optimizer steps are the boundaries, 3 iterations between them
+        rows = json.loads(child.read_text())["iterations"]
+        assert len(rows) == 3 and all(row["gpu_busy_s"] > 0 for row in rows)
+    assert json.loads((tmp_path / "r.json").read_text())["iterations"] == []  # the parent trained nothing
