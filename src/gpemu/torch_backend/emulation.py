@@ -6,6 +6,7 @@ import atexit
 import functools
 import gc
 import os
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -136,9 +137,18 @@ def install_from_env() -> Emulation:
         trace=trace,
     )
     if trace is not None and trace_path:
-        atexit.register(trace.write, trace_path)
+        atexit.register(write_trace_unless_idle, trace, trace_path)
     _hint_on_zero_values()
     return emu
+
+
+def write_trace_unless_idle(trace: TraceRecorder, path: str) -> bool:
+    """Write `trace` to `path` at exit; return False (and keep the file) when this process recorded nothing and the
+    file exists: a launcher (torchrun's agent, a shell-out wrapper) exits after the worker that wrote the trace."""
+    if not trace.events and not trace.dropped and Path(path).exists():
+        return False
+    trace.write(path)
+    return True
 
 
 def _hint_on_zero_values() -> None:
