@@ -152,3 +152,21 @@ def test_cpu_cells_keep_torchs_path(emu: gt.Emulation) -> None:
     cell = torch.nn.LSTMCell(3, 5)
     h, c = cell(torch.ones(2, 3))
     assert not isinstance(h, gt.EmuTensor) and torch.isfinite(h).all() and h.shape == c.shape == (2, 5)
+
+
+@pytest.mark.parametrize("cls", [torch.nn.LSTMCell, torch.nn.GRUCell])
+def test_cells_without_bias_and_under_autocast(emu: gt.Emulation, cls: Any) -> None:
+    # torch's meta kernel of _thnn_fused_lstm_cell read .device of the missing biases (bias=False failed)
+    plain = cls(3, 8, bias=False).cuda()
+    out = plain(torch.randn(4, 3, device="cuda"))
+    (out[0] if isinstance(out, tuple) else out).sum().backward()
+    gates = 4 if cls is torch.nn.LSTMCell else 3
+    assert [tuple(p.grad.shape) for p in plain.parameters()] == [(gates * 8, 3), (gates * 8, 8)]  # w_ih, w_hh
+    # autocast casts a cell's inputs on a GPU: the fused cell runs in fp16 and its states come out fp16
+    cell = cls(3, 8).cuda()
+    with torch.autocast("cuda", dtype=torch.float16):
+        out = cell(torch.randn(4, 3, device="cuda"))
+    states = out if isinstance(out, tuple) else (out,)
+    assert all(s.dtype == torch.float16 for s in states)
+    sum(s.float().sum() for s in states).backward()
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in cell.parameters())

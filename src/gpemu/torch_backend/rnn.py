@@ -24,8 +24,10 @@ gradients summed inside) plus the GEMMs' gradients. On our meta-backed tensors t
 instead: addmm, split and five or more pointwise ops forward and about twice that backward, per cell and time step.
 A cell loop (pytorch/examples time_sequence_prediction: 999 steps x 2 cells per forward) is then ~4x the ops a GPU
 runs, each with its own host dispatch and launch. gpemu calls the CUDA composition for emulated inputs; the fused ops
-are priced by the cost model's fallback (memory-bound elementwise on their bytes). Under autocast, and for CPU or
-mixed-device inputs, torch's own path runs.
+are priced by the cost model's fallback (memory-bound elementwise on their bytes). Under autocast they run in the
+autocast dtype (autocast casts lstm_cell/gru_cell's inputs on a GPU; gpemu's autocast list holds the fused ops, Note
+[Autocast on meta] in autocast.py), so hy and cy come out 16-bit as on a GPU. CPU or mixed-device inputs keep torch's
+own path.
 """
 
 from __future__ import annotations
@@ -267,7 +269,7 @@ def patched(mode: str, original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _cell_call(mode: str, args: tuple[Any, ...]) -> Any:
     """Return the CUDA composition of one LSTM/GRU cell step, or NotImplemented (see Note [Fused RNN cells])."""
-    if len(args) < 4 or not isinstance(args[0], EmuTensor) or state.require().autocast_dtype() is not None:
+    if len(args) < 4 or not isinstance(args[0], EmuTensor):
         return NotImplemented
     inp, hx, w_ih, w_hh = args[:4]
     b_ih = args[4] if len(args) > 4 else None
