@@ -187,3 +187,13 @@ def test_torchrun_with_one_process_under_gpemu_run(tmp_path) -> None:
 
     rows = json.loads((tmp_path / "r.json").read_text())["iterations"]
     assert len(rows) >= 3 and all(row["gpu_busy_s"] > 0 for row in rows)  # one per optimizer step (no DataLoader)
+
+
+def test_a_device_mesh_over_the_one_rank_group(group: gt.Emulation) -> None:
+    # DeviceMesh (FSDP2, tensor parallelism) reads the world group's name; a Python process group has no C++ backend
+    # to hold it, so torch's _set_group_name did nothing and group_name raised "ProcessGroup name not set"
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cuda", (1,))
+    assert mesh.size() == 1 and mesh.get_group().group_name == dist.group.WORLD.group_name
+    assert dist.group.WORLD.group_name == dist.distributed_c10d._world.pg_names[dist.group.WORLD]
