@@ -65,3 +65,19 @@ def test_hogwild_script_trains_in_spawned_processes_under_gpemu_run(tmp_path: Pa
         rows = json.loads(child.read_text())["iterations"]
         assert len(rows) == 3 and all(row["gpu_busy_s"] > 0 for row in rows)
     assert json.loads((tmp_path / "r.json").read_text())["iterations"] == []  # the parent trained nothing
+
+
+def test_trainers_started_by_mp_spawn_are_emulated(tmp_path: Path) -> None:
+    # See Note [Spawned trainers]: the trainer is a multiprocessing child, which gpemu run's start-up hook used to leave
+    # unemulated ("ProcessGroupNCCL is only supported with GPUs, no GPUs found!"); the resource tracker started
+    # beside it stays native (no report of its own)
+    script = Path(__file__).resolve().parent / "scripts" / "spawn_ddp_train.py"
+    done = subprocess.run(
+        [sys.executable, "-m", "gpemu", "run", "--gpu", "a100", "--report-json", str(tmp_path / "r.json"), "--",
+         "python", str(script), "29677"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "trainer 0 of 1 on cuda:0" in done.stdout and "done" in done.stdout
+    children = list(tmp_path.glob("r.pid*.json"))
+    assert len(children) == 1
+    rows = json.loads(children[0].read_text())["iterations"]
+    assert len(rows) == 3 and all(row["gpu_busy_s"] > 0 for row in rows)  # 4 optimizer steps: 3 iterations between

@@ -1,4 +1,4 @@
-"""Emulated CUDA tensors sent to other processes (torch.multiprocessing, CUDA IPC): rebuilt on the receiver's GPU.
+"""Emulated GPUs across processes: tensors sent by torch.multiprocessing (CUDA IPC), and trainers it spawns.
 
 Note [Emulated tensors across processes]: torch.multiprocessing pickles a CUDA tensor as a CUDA IPC handle, so a
 Hogwild trainer (pytorch/examples mnist_hogwild: `model.share_memory()`, then the model passed to spawned
@@ -17,6 +17,7 @@ separate tensors (aliasing across processes is not kept); values are never sent 
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from multiprocessing.reduction import ForkingPickler
@@ -49,16 +50,49 @@ def rebuild_emulated(shape: tuple[int, ...], stride: tuple[int, ...], dtype: tor
     return out.requires_grad_(requires_grad) if requires_grad else out
 
 
+# Note [Spawned trainers]: `torch.multiprocessing.spawn(main_worker, nprocs=ngpus)` is how pytorch/examples imagenet
+# (--multiprocessing-distributed) and many DDP scripts start one trainer per GPU. `gpemu run`'s start-up hook leaves
+# multiprocessing children unemulated (DataLoader workers must run at native speed), so the trainer saw no GPU
+# ("ProcessGroupNCCL is only supported with GPUs, no GPUs found!"). Under emulation torch.multiprocessing's
+# start_processes (behind spawn) marks the children it starts with SPAWN_ENV; the hook emulates a marked child and
+# drops the mark, so the trainer's own DataLoader workers stay native. Each trainer writes its report and trace beside
+# the parent's as NAME.pid<PID>.json (per_process_paths). A world of more than one rank still raises at
+# init_process_group (one trainer per emulated GPU is the next milestone), so nprocs=1 is what runs.
+SPAWN_ENV = "GPEMU_SPAWNED_TRAINER"
+
+
+def per_process_paths() -> None:
+    """Point GPEMU_TRACE / GPEMU_REPORT_JSON at NAME.pid<PID>.json so this child never overwrites its parent's."""
+    pid = os.getpid()
+    for name in ("GPEMU_TRACE", "GPEMU_REPORT_JSON"):
+        path = os.environ.get(name)
+        if path:
+            p = Path(path)
+            os.environ[name] = str(p.with_name(f"{p.stem}.pid{pid}{p.suffix}"))
+
+
+def _patched_start_processes(orig: Any) -> Any:
+    @functools.wraps(orig)
+    def start_processes(*args: Any, **kwargs: Any) -> Any:
+        previous = os.environ.get(SPAWN_ENV)
+        os.environ[SPAWN_ENV] = "1"  # children inherit it at start; see Note [Spawned trainers]
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            if previous is None:
+                os.environ.pop(SPAWN_ENV, None)
+            else:
+                os.environ[SPAWN_ENV] = previous
+
+    return start_processes
+
+
 def _install_here() -> Any:
     """Install the emulation in a `gpemu run` child that was left unemulated; return it (None outside gpemu run)."""
     if not os.environ.get("GPEMU_GPU") or os.environ["GPEMU_GPU"] == "real":
         return None
     pid = os.getpid()
-    for name in ("GPEMU_TRACE", "GPEMU_REPORT_JSON"):  # never overwrite the parent's files at this process' exit
-        path = os.environ.get(name)
-        if path:
-            p = Path(path)
-            os.environ[name] = str(p.with_name(f"{p.stem}.pid{pid}{p.suffix}"))
+    per_process_paths()  # never overwrite the parent's files at this process' exit
     from gpemu.report import install_report_from_env
     from gpemu.torch_backend.emulation import install_from_env
 
@@ -85,3 +119,9 @@ def apply(patcher: Any) -> None:
     reducers = dict(ForkingPickler._extra_reducers)  # type: ignore[attr-defined]
     reducers[EmuTensor] = _reduce
     patcher.set(ForkingPickler, "_extra_reducers", reducers)
+    import torch.multiprocessing as torch_mp
+
+    torch_spawn = sys.modules["torch.multiprocessing.spawn"]  # the attribute `spawn` is the function of that name
+    wrapped = _patched_start_processes(torch_spawn.start_processes)
+    patcher.set(torch_spawn, "start_processes", wrapped)  # spawn() looks it up here
+    patcher.set(torch_mp, "start_processes", wrapped)
