@@ -187,3 +187,27 @@ def test_torchrun_with_one_process_under_gpemu_run(tmp_path) -> None:
 
     rows = json.loads((tmp_path / "r.json").read_text())["iterations"]
     assert len(rows) >= 3 and all(row["gpu_busy_s"] > 0 for row in rows)  # one per optimizer step (no DataLoader)
+
+
+def test_a_device_mesh_over_the_one_rank_group(group: gt.Emulation) -> None:
+    # DeviceMesh (FSDP2, tensor parallelism) reads the world group's name; a Python process group has no C++ backend
+    # to hold it, so torch's _set_group_name did nothing and group_name raised "ProcessGroup name not set"
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cuda", (1,))
+    assert mesh.size() == 1 and mesh.get_group().group_name == dist.group.WORLD.group_name
+    assert dist.group.WORLD.group_name == dist.distributed_c10d._world.pg_names[dist.group.WORLD]
+
+
+def test_fsdp2_fails_with_a_message_and_fsdp1_runs(group: gt.Emulation) -> None:
+    # See Note [FSDP2] in patches.py: fully_shard failed deep inside torch (a set_data of parameters it meant to move
+    # to the CPU: torch._C._get_accelerator said cpu)
+    from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
+
+    assert torch._C._get_accelerator() == torch.device("cuda")  # as torch.accelerator.current_accelerator() says
+    with pytest.raises(GpemuError, match="FSDP2"):
+        fully_shard(torch.nn.Linear(8, 4).cuda())
+    model = FullyShardedDataParallel(torch.nn.Linear(8, 4).cuda())  # one rank: NO_SHARD
+    model(torch.randn(2, 8, device="cuda")).sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
+    dist.barrier()

@@ -99,3 +99,74 @@ def test_unsorted_lengths_are_sorted_by_torch(emu: gt.Emulation) -> None:
     assert packed.sorted_indices.tolist() == [1, 2, 0] and packed.unsorted_indices.tolist() == [2, 0, 1]
     padded, lengths = torch.nn.utils.rnn.pad_packed_sequence(packed, batch_first=True)
     assert padded.shape == (3, 4, 2) and lengths.tolist() == [2, 4, 3]  # original order restored
+
+
+def _step_items(emu: gt.Emulation, run: Any) -> list[str]:
+    names = _Names()
+    emu.devices[0].add_listener(names)
+    run()
+    return [n for n, _ in names.items]
+
+
+def test_lstm_cell_step_runs_the_fused_cuda_kernels(emu: gt.Emulation) -> None:
+    # See Note [Fused RNN cells]: CUDA's LSTMCell is two GEMMs and one fused gate kernel forward; backward is the
+    # fused gate backward (which also sums the bias gradient) plus the GEMMs' gradients
+    cell = torch.nn.LSTMCell(3, 5).cuda()
+    x = torch.randn(4, 3, device="cuda")
+    h = torch.zeros(4, 5, device="cuda")
+    c = torch.zeros(4, 5, device="cuda")
+    out: dict[str, Any] = {}
+
+    def forward() -> None:
+        out["h"], out["c"] = cell(x, (h, c))
+
+    fwd = _step_items(emu, forward)
+    assert fwd == ["mm.default", "mm.default", "_thnn_fused_lstm_cell.default"]  # not ~12 decomposed ops
+    assert out["h"].shape == out["c"].shape == (4, 5) and out["h"].device.type == "cuda"
+    bwd = _step_items(emu, lambda: (out["h"].sum() + out["c"].sum()).backward())
+    assert "_thnn_fused_lstm_cell_backward_impl.default" in bwd and "sigmoid_backward.default" not in bwd
+    assert {tuple(p.grad.shape) for p in cell.parameters()} == {(20, 3), (20, 5), (20,)}  # 4 gates x 5 hidden
+
+
+def test_gru_cell_step_runs_the_fused_cuda_kernels(emu: gt.Emulation) -> None:
+    cell = torch.nn.GRUCell(3, 5, bias=True).cuda().double()
+    x = torch.randn(4, 3, device="cuda", dtype=torch.float64, requires_grad=True)
+    h = torch.zeros(4, 5, device="cuda", dtype=torch.float64)
+    out: dict[str, Any] = {}
+
+    def forward() -> None:
+        out["h"] = cell(x, h)
+
+    assert _step_items(emu, forward) == ["mm.default", "mm.default", "_thnn_fused_gru_cell.default"]
+    assert out["h"].shape == (4, 5) and out["h"].dtype == torch.float64
+    bwd = _step_items(emu, lambda: out["h"].sum().backward())
+    assert "_thnn_fused_gru_cell_backward.default" in bwd
+    assert x.grad is not None and x.grad.shape == (4, 3)
+    assert {tuple(p.grad.shape) for p in cell.parameters()} == {(15, 3), (15, 5), (15,)}  # 3 gates x 5 hidden
+    # an unbatched input (LSTMCell/GRUCell unsqueeze it before _VF) and a cell without biases
+    plain = torch.nn.GRUCell(3, 5, bias=False).cuda()
+    assert plain(torch.randn(3, device="cuda")).shape == (5,)
+
+
+def test_cpu_cells_keep_torchs_path(emu: gt.Emulation) -> None:
+    cell = torch.nn.LSTMCell(3, 5)
+    h, c = cell(torch.ones(2, 3))
+    assert not isinstance(h, gt.EmuTensor) and torch.isfinite(h).all() and h.shape == c.shape == (2, 5)
+
+
+@pytest.mark.parametrize("cls", [torch.nn.LSTMCell, torch.nn.GRUCell])
+def test_cells_without_bias_and_under_autocast(emu: gt.Emulation, cls: Any) -> None:
+    # torch's meta kernel of _thnn_fused_lstm_cell read .device of the missing biases (bias=False failed)
+    plain = cls(3, 8, bias=False).cuda()
+    out = plain(torch.randn(4, 3, device="cuda"))
+    (out[0] if isinstance(out, tuple) else out).sum().backward()
+    gates = 4 if cls is torch.nn.LSTMCell else 3
+    assert [tuple(p.grad.shape) for p in plain.parameters()] == [(gates * 8, 3), (gates * 8, 8)]  # w_ih, w_hh
+    # autocast casts a cell's inputs on a GPU: the fused cell runs in fp16 and its states come out fp16
+    cell = cls(3, 8).cuda()
+    with torch.autocast("cuda", dtype=torch.float16):
+        out = cell(torch.randn(4, 3, device="cuda"))
+    states = out if isinstance(out, tuple) else (out,)
+    assert all(s.dtype == torch.float16 for s in states)
+    sum(s.float().sum() for s in states).backward()
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in cell.parameters())

@@ -2,7 +2,8 @@
 
 `gpemu run` puts this directory first on PYTHONPATH, so every Python process the command starts imports this file
 at start-up. It acts only when GPEMU_GPU is set, and not in multiprocessing helper processes (DataLoader workers
-started with spawn/forkserver, the resource tracker): those must keep running at native speed without emulation.
+started with spawn/forkserver, the resource tracker): those must keep running at native speed without emulation;
+trainers started by torch.multiprocessing.spawn are marked and emulated (Note [Spawned trainers]).
 It then runs the sitecustomize this one shadows, if there is one further down sys.path.
 """
 
@@ -20,8 +21,19 @@ def _is_multiprocessing_child() -> bool:
 
 
 def _boot() -> None:
-    if not os.environ.get("GPEMU_GPU") or _is_multiprocessing_child():
+    if not os.environ.get("GPEMU_GPU"):
         return
+    # a trainer started by torch.multiprocessing.spawn is emulated (Note [Spawned trainers] in torch_backend/ipc.py);
+    # dropping the mark keeps its own DataLoader workers native
+    marked = os.environ.pop("GPEMU_SPAWNED_TRAINER", None) == "1"
+    argv = " ".join(getattr(sys, "orig_argv", sys.argv))
+    trainer = marked and "multiprocessing.spawn" in argv  # not the resource tracker started beside it
+    if _is_multiprocessing_child() and not trainer:
+        return
+    if trainer:
+        from gpemu.torch_backend.ipc import per_process_paths
+
+        per_process_paths()
     if os.environ["GPEMU_GPU"] != "real":  # `gpemu run --gpu real`: the real GPU, only the run report
         _install_emulation()
     try:

@@ -71,6 +71,19 @@ class SingleRankGroup(_ProcessGroup):
 
     def __init__(self, rank: int, size: int) -> None:
         super().__init__(rank, size)
+        self._gpemu_group_name = ""
+
+    # C++ ProcessGroup keeps its name on its backends, and a Python group has none: torch's `_set_group_name` was a
+    # no-op and `group_name` raised "ProcessGroup name not set" (DeviceMesh, FSDP2's fully_shard). Keep it here.
+    def _set_group_name(self, name: str) -> None:
+        self._gpemu_group_name = name
+
+    @property
+    def group_name(self) -> str:
+        """Return the name torch gave this group when it created it."""
+        if not self._gpemu_group_name:
+            raise RuntimeError("ProcessGroup name not set")
+        return self._gpemu_group_name
 
     # -- reductions and broadcasts: the data already is the result
 

@@ -36,6 +36,11 @@ _LOWP = {
     aten.prelu,
     aten.addmv,
     aten.mv,
+    # autocast casts lstm_cell / gru_cell's inputs; on CUDA they run as the fused cell kernels (Note [Fused RNN cells])
+    aten._thnn_fused_lstm_cell,
+    aten._thnn_fused_lstm_cell_backward_impl,
+    aten._thnn_fused_gru_cell,
+    aten._thnn_fused_gru_cell_backward,
 }
 _LOWP_DTYPES = (torch.float16, torch.bfloat16)
 

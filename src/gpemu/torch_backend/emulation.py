@@ -6,6 +6,7 @@ import atexit
 import functools
 import gc
 import os
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -13,7 +14,17 @@ import torch
 from gpemu.device import EmulatedGPU, TraceRecorder
 from gpemu.errors import GpemuError
 from gpemu.hardware import get_gpu
-from gpemu.torch_backend import autocast, data_parallel, dropout, module_move, optim_replay, rnn, sdpa, state
+from gpemu.torch_backend import (
+    autocast,
+    data_parallel,
+    dropout,
+    ipc,
+    module_move,
+    optim_replay,
+    rnn,
+    sdpa,
+    state,
+)
 from gpemu.torch_backend.autocast import release_casts
 from gpemu.torch_backend.patches import Patcher, apply
 from gpemu.torch_backend.phases import PhaseLookup, PhaseTracker, model_from_env
@@ -63,6 +74,7 @@ def install(
     _patcher = Patcher()
     apply(emu, _patcher)
     rnn.apply(_patcher)
+    ipc.apply(_patcher)
     data_parallel.apply(_patcher)
     module_move.apply(_patcher)
     sdpa.apply(_patcher)
@@ -127,9 +139,18 @@ def install_from_env() -> Emulation:
         trace=trace,
     )
     if trace is not None and trace_path:
-        atexit.register(trace.write, trace_path)
+        atexit.register(write_trace_unless_idle, trace, trace_path)
     _hint_on_zero_values()
     return emu
+
+
+def write_trace_unless_idle(trace: TraceRecorder, path: str) -> bool:
+    """Write `trace` to `path` at exit; return False (and keep the file) when this process recorded nothing and the
+    file exists: a launcher (torchrun's agent, a shell-out wrapper) exits after the worker that wrote the trace."""
+    if not trace.events and not trace.dropped and Path(path).exists():
+        return False
+    trace.write(path)
+    return True
 
 
 def _hint_on_zero_values() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -368,6 +369,24 @@ def cuda_functions(emu: state.Emulation) -> dict[str, Any]:
     }
 
 
+# Note [FSDP2]: FSDP2's fully_shard turns parameters into DTensors over the local shards; on our meta-backed tensors
+# they come out on the meta device and training stops with "FSDP parameters should be materialized from meta device"
+# (before torch._C._get_accelerator was patched, earlier, in a set_data of parameters it meant to move to the CPU).
+# Neither says what is wrong, so fully_shard's default-mesh query raises a GpemuError naming the limit (FSDP1,
+# FullyShardedDataParallel, runs on one rank as NO_SHARD; DDP is supported).
+FSDP2_HINT = ("FSDP2 (torch.distributed.fsdp.fully_shard) is not supported on emulated GPUs: its DTensor parameters "
+              "cannot wrap gpemu's tensors. Workaround: DistributedDataParallel or FullyShardedDataParallel (FSDP1) on "
+              "one rank, or no wrapper (docs/drop-in.md, torch.distributed)")
+
+
+def _get_accelerator(check: Any = None) -> torch.device:
+    """torch._C._get_accelerator under emulation: CUDA (FSDP2's default mesh raises; see Note [FSDP2])."""
+    caller = sys._getframe(1).f_code.co_filename.replace("\\", "/")
+    if "/distributed/fsdp/_fully_shard/" in caller:
+        raise GpemuError(FSDP2_HINT)
+    return torch.device("cuda")
+
+
 def accelerator_functions(emu: state.Emulation) -> dict[str, Any]:
     """Return the torch.accelerator attributes gpemu replaces, by name."""
     return {
@@ -406,6 +425,8 @@ def apply(emu: state.Emulation, patcher: Patcher) -> None:
         for name, fn in accelerator_functions(emu).items():
             if hasattr(torch.accelerator, name):
                 patcher.set(torch.accelerator, name, fn)
+    if hasattr(torch._C, "_get_accelerator"):  # the C++ query torch's own code asks (barrier, FSDP's device choice)
+        patcher.set(torch._C, "_get_accelerator", _get_accelerator)
     T = torch.Tensor
     for name, make in (("to", _patched_to), ("cuda", _patched_cuda), ("pin_memory", _patched_pin_memory),
                        ("is_pinned", _patched_is_pinned), ("tolist", _patched_tolist), ("numpy", _patched_numpy),

@@ -16,6 +16,18 @@ timeline nor its host cost. gpemu therefore intercepts `_VF.lstm / gru / rnn_tan
 The charges go through the same path as any op (phase calibration, replay recording, trace). Packed sequences
 (`pack_padded_sequence` / `pad_packed_sequence`) carry their batch sizes on the host, so packing and unpacking are
 gathers of known size (priced as copies) and a packed RNN is priced as len(batch_sizes) steps at the largest batch.
+
+Note [Fused RNN cells]: `nn.LSTMCell` / `nn.GRUCell` call `_VF.lstm_cell` / `_VF.gru_cell`, whose CUDA path (ATen's
+LSTMCell/GRUCell for `input.is_cuda()`) is two GEMMs (`input @ w_ih.T`, `hx @ w_hh.T`) and one fused gate kernel
+(`_thnn_fused_lstm_cell` / `_thnn_fused_gru_cell`, biases added inside); backward is the fused gate backward (bias
+gradients summed inside) plus the GEMMs' gradients. On our meta-backed tensors torch took the CPU decomposition
+instead: addmm, split and five or more pointwise ops forward and about twice that backward, per cell and time step.
+A cell loop (pytorch/examples time_sequence_prediction: 999 steps x 2 cells per forward) is then ~4x the ops a GPU
+runs, each with its own host dispatch and launch. gpemu calls the CUDA composition for emulated inputs; the fused ops
+are priced by the cost model's fallback (memory-bound elementwise on their bytes). Under autocast they run in the
+autocast dtype (autocast casts lstm_cell/gru_cell's inputs on a GPU; gpemu's autocast list holds the fused ops, Note
+[Autocast on meta] in autocast.py), so hy and cy come out 16-bit as on a GPU. CPU or mixed-device inputs keep torch's
+own path.
 """
 
 from __future__ import annotations
@@ -255,6 +267,40 @@ def patched(mode: str, original: Callable[..., Any]) -> Callable[..., Any]:
     return rnn
 
 
+def _cell_call(mode: str, args: tuple[Any, ...]) -> Any:
+    """Return the CUDA composition of one LSTM/GRU cell step, or NotImplemented (see Note [Fused RNN cells])."""
+    if len(args) < 4 or not isinstance(args[0], EmuTensor):
+        return NotImplemented
+    inp, hx, w_ih, w_hh = args[:4]
+    b_ih = args[4] if len(args) > 4 else None
+    b_hh = args[5] if len(args) > 5 else None
+    states = tuple(hx) if mode == "lstm_cell" else (hx,)
+    tensors = [inp, *states, w_ih, w_hh, *(b for b in (b_ih, b_hh) if b is not None)]
+    if inp.dim() != 2 or any(not isinstance(t, EmuTensor) or t.device != inp.device for t in tensors):
+        return NotImplemented
+    igates = torch.mm(inp, w_ih.t())
+    hgates = torch.mm(states[0], w_hh.t())
+    if mode == "lstm_cell":
+        hy, cy, _workspace = torch.ops.aten._thnn_fused_lstm_cell(igates, hgates, states[1], b_ih, b_hh)
+        return hy, cy
+    hy, _workspace = torch.ops.aten._thnn_fused_gru_cell(igates, hgates, states[0], b_ih, b_hh)
+    return hy
+
+
+def patched_cell(mode: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    """Return a `_VF.<mode>_cell` replacement that runs emulated inputs as CUDA does (see Note [Fused RNN cells])."""
+
+    @functools.wraps(original)
+    def cell(*args: Any, **kwargs: Any) -> Any:
+        if not kwargs:
+            result = _cell_call(mode, args)
+            if result is not NotImplemented:
+                return result
+        return original(*args, **kwargs)
+
+    return cell
+
+
 def _patched_invert(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def invert_permutation(permutation: Any) -> Any:
@@ -279,6 +325,8 @@ def apply(patcher: Any) -> None:
         original = getattr(_VF, mode, None)
         if original is not None:
             patcher.set(_VF, mode, patched(mode, original))
+    for mode in ("lstm_cell", "gru_cell"):
+        patcher.set(_VF, mode, patched_cell(mode, getattr(_VF, mode)))
     patcher.set(_VF, "_pack_padded_sequence", _patched_pack(_VF._pack_padded_sequence))
     import torch.nn.utils.rnn as rnn_utils
 

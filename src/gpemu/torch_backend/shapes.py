@@ -204,6 +204,38 @@ def _nll_loss_backward(args: Any, kwargs: Any) -> Any:
     return _like(args[1])
 
 
+# ---- fused recurrent cells (Note [Fused RNN cells] in rnn.py): CUDA-only ops without a meta kernel -----------
+
+
+@_fast(aten._thnn_fused_lstm_cell.default)
+def _fused_lstm_cell(args: Any, kwargs: Any) -> Any:
+    cx = args[2]  # (input_gates [B, 4H], hidden_gates [B, 4H], cx [B, H], biases) -> (hy, cy, workspace [B, 4H])
+    # torch's meta kernel reads .device of the optional biases: LSTMCell(bias=False) failed there
+    return _like(cx), _like(cx), torch.empty((cx.shape[0], 4 * cx.shape[1]), dtype=cx.dtype, device=META)
+
+
+@_fast(aten._thnn_fused_lstm_cell_backward_impl.default)
+def _fused_lstm_cell_backward(args: Any, kwargs: Any) -> Any:
+    _grad_hy, _grad_cy, cx, _cy, workspace, has_bias = args[:6]  # either output gradient may be undefined (None)
+    bias = _vec(workspace.shape[1], workspace.dtype) if has_bias else None
+    return _like(workspace), _like(cx), bias
+
+
+@_fast(aten._thnn_fused_gru_cell.default)
+def _fused_gru_cell(args: Any, kwargs: Any) -> Any:
+    hx = args[2]  # (input_gates [B, 3H], hidden_gates [B, 3H], hx [B, H], biases) -> (hy, workspace [B, 5H])
+    return _like(hx), torch.empty((hx.shape[0], 5 * hx.shape[1]), dtype=hx.dtype, device=META)
+
+
+@_fast(aten._thnn_fused_gru_cell_backward.default)
+def _fused_gru_cell_backward(args: Any, kwargs: Any) -> Any:
+    grad_hy, _workspace, has_bias = args[:3]
+    b, h = grad_hy.shape
+    gates = torch.empty((b, 3 * h), dtype=grad_hy.dtype, device=META)
+    bias = _vec(3 * h, grad_hy.dtype) if has_bias else None
+    return gates, torch.empty_like(gates), _like(grad_hy), bias, None if bias is None else torch.empty_like(bias)
+
+
 # ---- foreach (optimizers) ------------------------------------------------------------------------------------
 
 

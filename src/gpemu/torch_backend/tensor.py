@@ -144,6 +144,14 @@ class EmuTensor(torch.Tensor):
         """Return the fake device address of the first element (Note [Storage addresses])."""
         return self.untyped_storage().data_ptr() + int(self.storage_offset()) * self.element_size()
 
+    def share_memory_(self) -> EmuTensor:
+        """Return self: as for CUDA tensors, nothing moves to shared memory (`Module.share_memory()` in Hogwild)."""
+        return self
+
+    def is_shared(self) -> bool:
+        """Return True, as torch does for every CUDA tensor."""
+        return True
+
     def __repr__(self, *, tensor_contents: object = None) -> str:  # type: ignore[override]
         grad = ", requires_grad=True" if self.requires_grad else ""
         return (
