@@ -40,6 +40,7 @@ console = Console(width=150)
 
 def _cache_file(tag: str, steps: int) -> Path:
     code = "".join((REPO / "src/gpemu/cost" / f).read_text() for f in ("model.py", "calibrate.py", "registry.py"))
+    code += "".join((REPO / "src/gpemu/hardware" / f).read_text() for f in ("gpus.toml", "spec.py"))  # the specs fit
     digest = hashlib.sha1(f"{tag}|{steps}|{DATA.stat().st_size}|{code}|{torch.__version__}".encode()).hexdigest()[:16]
     return cache_dir() / "predict_validation" / f"{digest}.json"
 

@@ -13,9 +13,11 @@ from gpemu.cost.model import (
     CostParams,
     bn_plane,
     load_params,
+    op_arrays,
     peak_flops,
     phase_seconds,
     plane_efficiency,
+    spec_columns,
     uses_tensor_cores,
 )
 from gpemu.hardware import get_gpu, list_gpus
@@ -137,3 +139,23 @@ def test_op_arrays_plane_from_records() -> None:
     plane = op_arrays([bn, bare]).plane
     assert plane is not None
     assert plane.tolist() == [196.0, math.inf]  # 14 * 14; no shapes -> no ramp
+
+
+def test_k80_is_priced_at_its_sustained_clock() -> None:
+    # Note [Sustained clock]: K80 fp32 peak 4.37 TFLOPS at 875 MHz -> 4.37 * 562 / 875 = 2.807 TFLOPS at 562 MHz;
+    # bandwidth 240 * 562 / 705 = 191.3 GB/s; memory latency counted in 562 MHz cycles.
+    k80 = get_gpu("k80")
+    assert peak_flops(k80, "fp32", "conv", False) == pytest.approx(2.8068e12, rel=1e-4)
+    from types import SimpleNamespace
+
+    add = SimpleNamespace(name="add", category="elementwise", phase="forward", flops=0.0, bytes=1e6, dtype="fp32",
+                          tensor_core=False)
+    ops = op_arrays([add])
+    cols = spec_columns(ops, k80, 0.5)
+    assert cols.bw == pytest.approx(191.319e9, rel=1e-4)
+    assert cols.clock_hz == 562e6
+    # a GPU without a sustained clock keeps its datasheet figures: V100-PCIe 14 TFLOPS, 900 GB/s, 1380 MHz
+    v100 = get_gpu("v100-pcie-32gb")
+    assert peak_flops(v100, "fp32", "conv", False) == 14.0e12
+    cols = spec_columns(ops, v100, 0.5)
+    assert (cols.bw, cols.clock_hz) == (900e9, 1380e6)

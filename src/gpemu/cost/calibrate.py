@@ -190,6 +190,9 @@ def main(argv: list[str] | None = None) -> None:
         params = fit(rows, steps=args.steps, progress=lambda i, n, loss: bar.update(task, completed=i,
                                                                                       description=f"fit loss {loss:.4f}"))
     out = params.to_json()
+    # tc_eff and m_stream (with their notes) are fitted on published figures, not on these rows: carry them over
+    old = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else {}
+    out.update({k: v for k, v in old.items() if k in ("tc_eff", "m_stream") or k.endswith("_note")})
     out["note"] = (f"{params.note}; data: GPEmu gpemu-profiles/ROWS.csv measured=1, batch sizes {list(FIT_BATCHES)}; "
                    f"fitted {dt.date.today().isoformat()} with `python -m gpemu.cost.calibrate`; torch {torch.__version__}")
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")

@@ -93,18 +93,18 @@ def cost_time_s(cost: OpCost, name: str, spec: GPUSpec, params: CostParams | Non
     if cost.layout == "nhwc" and cost.category == "norm":  # See Note [Layout cost]: no plane ramp
         plane = math.inf
     ramp = float(plane_efficiency(plane, p["bn_plane_half"]))
-    bw = spec.memory_bw_gbps * 1e9 * f["b"]
+    bw = spec.load_memory_bw_gbps * 1e9 * f["b"]
     m_eff = m_ceiling * ramp
     if cost.category in STREAM_CATEGORIES and streams_physically(spec, cost.dtype, params.m_stream):
-        bw, m_eff = spec.memory_bw_gbps * 1e9, params.m_stream * ramp  # Note [16-bit streaming]
-    latency = p["mem_lat_cycles"] / (spec.boost_clock_mhz * 1e6)
+        bw, m_eff = spec.load_memory_bw_gbps * 1e9, params.m_stream * ramp  # Note [16-bit streaming]
+    latency = p["mem_lat_cycles"] / (spec.load_clock_mhz * 1e6)  # Note [Sustained clock]
     total = max(compute, cost.bytes / (bw * m_eff) + latency) + p["k0"]
     if cost.category == "conv" and cost.layout and cost.relayout_bytes:
         native = native_conv_layout(spec, cost.dtype, cost.tensor_core)
         if native != LAYOUT_NONE and (cost.layout == "nhwc") != (native == LAYOUT_NHWC):  # transposes x, y (dy, x, dx)
-            bw_copy = spec.memory_bw_gbps * 1e9 * f["b"]
+            bw_copy = spec.load_memory_bw_gbps * 1e9 * f["b"]
             if streams_physically(spec, cost.dtype, params.m_stream):  # Note [16-bit streaming]
-                bw_copy, m_copy = spec.memory_bw_gbps * 1e9, params.m_stream
+                bw_copy, m_copy = spec.load_memory_bw_gbps * 1e9, params.m_stream
             total += 2 * cost.relayout_bytes / (bw_copy * m_copy) + (3 if backward else 2) * (latency + p["k0"])
     return total
 
