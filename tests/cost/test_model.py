@@ -159,3 +159,32 @@ def test_k80_is_priced_at_its_sustained_clock() -> None:
     assert peak_flops(v100, "fp32", "conv", False) == 14.0e12
     cols = spec_columns(ops, v100, 0.5)
     assert (cols.bw, cols.clock_hz) == (900e9, 1380e6)
+
+
+def test_pointwise_convolutions_are_recognised_by_their_weight() -> None:
+    from gpemu.cost.model import compute_param_index, is_pointwise_conv
+
+    x, w1, w3 = (8, 64, 56, 56), (256, 64, 1, 1), (64, 64, 3, 3)
+    assert is_pointwise_conv("convolution", "conv", (x, w1))
+    assert not is_pointwise_conv("convolution", "conv", (x, w3))
+    assert is_pointwise_conv("convolution_backward", "conv", ((8, 256, 56, 56), x, w1))  # (grad_out, input, weight)
+    assert not is_pointwise_conv("convolution", "conv_grouped", (x, (64, 1, 1, 1)))  # grouped keep e_grouped
+    assert not is_pointwise_conv("mm", "matmul", ((8, 64), (64, 64)))
+    # e_conv, e_conv_bwd for 3x3; e_conv_1x1 (5), e_conv_1x1_bwd (6) for 1x1
+    assert compute_param_index("conv", "convolution", False) == 0
+    assert compute_param_index("conv", "convolution", True) == 5
+    assert compute_param_index("conv", "convolution_backward", True) == 6
+
+
+def test_pointwise_convolutions_are_priced_at_their_own_efficiency() -> None:
+    from gpemu.cost.registry import OpCost
+    from gpemu.cost.roofline import cost_time_s
+
+    v100 = get_gpu("v100")
+    shared = {**load_params().shared, "w_half": 0.0, "k0": 0.0, "mem_lat_cycles": 0.0, "e_conv": 2.0,
+              "e_conv_1x1": 0.5}
+    params = CostParams(shared, {})
+    cost = OpCost(1.4e12, 1.0, "conv", "fp32")  # compute-bound: 1.4 TFLOP
+    # 3x3 (Winograd): 1.4e12 / (14e12 * 2.0) = 50 ms; 1x1 (GEMM): 1.4e12 / (14e12 * 0.5) = 200 ms
+    assert cost_time_s(cost, "convolution", v100, params) == pytest.approx(0.05)
+    assert cost_time_s(cost, "convolution", v100, params, pointwise=True) == pytest.approx(0.2)

@@ -16,6 +16,7 @@ from gpemu.cost.model import (
     CostParams,
     bn_plane,
     compute_param_index,
+    is_pointwise_conv,
     load_params,
     mem_param,
     native_conv_layout,
@@ -73,14 +74,15 @@ def op_bytes(args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> int:
 
 
 def cost_time_s(cost: OpCost, name: str, spec: GPUSpec, params: CostParams | None = None,
-                plane: float = math.inf) -> float:
+                plane: float = math.inf, pointwise: bool = False) -> float:
     """Return the fitted model's kernel seconds for one op's cost on `spec` (0 for views; no launch overhead);
-    `plane` is a batch-norm op's H*W (Note [Batch-norm plane size])."""
+    `plane` is a batch-norm op's H*W (Note [Batch-norm plane size]); `pointwise` marks a 1x1 convolution (Note
+    [Pointwise convolutions])."""
     if cost.category == "view":
         return 0.0
     params = params or load_params()
     p, f = params.shared, params.factors(spec)
-    cidx = compute_param_index(cost.category, name)
+    cidx = compute_param_index(cost.category, name, pointwise)
     compute = 0.0
     if cidx >= 0:
         peak = peak_flops(spec, cost.dtype, cost.category, cost.tensor_core)
@@ -120,7 +122,9 @@ def op_time_s(func: Any, args: Sequence[Any], kwargs: dict[str, Any], out: Any, 
     name = op_name(func)
     first = args[0] if args else None
     plane = bn_plane(name, tuple(first.shape)) if isinstance(first, torch.Tensor) else math.inf
-    value = cost_time_s(op_cost(func, args, kwargs, out), name, spec, plane=plane)
+    cost = op_cost(func, args, kwargs, out)
+    shapes = [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
+    value = cost_time_s(cost, name, spec, plane=plane, pointwise=is_pointwise_conv(name, cost.category, shapes))
     if len(_cache) >= _CACHE_LIMIT:
         _cache.clear()
     _cache[key] = value
