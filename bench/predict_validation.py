@@ -4,7 +4,9 @@ Usage: .venv/bin/python bench/predict_validation.py [--steps 150] [--folds 5] [-
 
 Leave-one-GPU-out: for each of the 5 GPUs, refit on the other 4, then predict every measured forward/backward row
 of the held-out GPU (all batch sizes) (a) from its spec with the nearest fitted GPU's factors ("spec-model") and (b) by scaling each other GPU's
-measured row by model(Y)/model(X) ("scaled-from:X"; "nearest" = the X predict_phase picks: Note [Choosing the source GPU]).
+measured row by model(Y)/model(X) ("scaled-from:X"; "nearest" = what predict_phase does: the nearest GPU that measured the
+model (Note [Choosing the source GPU]) where it has the batch size, else the spec model (Note [Nearest source or the
+spec model])).
 Leave-models-out: models split into --folds folds; for each fold refit on all GPUs without those models and
 predict them from the spec model with the fitted per-GPU factors. Fold fits are cached under the gpemu cache dir.
 Prints median and p90 absolute % error for forward, backward and their sum (measured rows only); errors, not verdicts.
@@ -40,6 +42,7 @@ console = Console(width=150)
 
 def _cache_file(tag: str, steps: int) -> Path:
     code = "".join((REPO / "src/gpemu/cost" / f).read_text() for f in ("model.py", "calibrate.py", "registry.py"))
+    code += "".join((REPO / "src/gpemu/hardware" / f).read_text() for f in ("gpus.toml", "spec.py"))  # the specs fit
     digest = hashlib.sha1(f"{tag}|{steps}|{DATA.stat().st_size}|{code}|{torch.__version__}".encode()).hexdigest()[:16]
     return cache_dir() / "predict_validation" / f"{digest}.json"
 
@@ -125,11 +128,15 @@ def leave_one_gpu_out(rows: pd.DataFrame, steps: int, use_cache: bool, per_gpu: 
                 model_y = borrowed.reindex(xr.index)
                 scaled = xr["value"] * model_y / xr["pred"]
                 test[f"pred_from_{x}"] = scaled.reindex(test.index)
-            # nearest measured GPU that has this row, as predict_phase chooses
-            closest = pd.Series(np.nan, index=test.index)
-            for x in reversed(by_dist):
-                col = test[f"pred_from_{x}"]
-                closest = col.where(col.notna(), closest)
+            # as predict_phase chooses: the nearest GPU that measured this workload and phase, scaled where it has the
+            # batch size, else the spec model (Note [Nearest source or the spec model] in predict.py)
+            closest = test["pred"].copy()
+            for (workload, phase), idx in test.groupby(level=["workload", "phase"]).groups.items():
+                have = [x for x in by_dist if ((rows["gpu"] == x) & (rows["workload"] == workload)
+                                                & (rows["phase"] == phase)).any()]
+                if have:
+                    col = test.loc[idx, f"pred_from_{have[0]}"]
+                    closest.loc[idx] = col.where(col.notna(), test.loc[idx, "pred"])
             test["pred_closest"] = closest
             # every measured GPU's scaled prediction, combined by the median of their logs (robust to one bad source)
             scaled_cols = test[[f"pred_from_{x}" for x in others]]

@@ -13,9 +13,11 @@ from gpemu.cost.model import (
     CostParams,
     bn_plane,
     load_params,
+    op_arrays,
     peak_flops,
     phase_seconds,
     plane_efficiency,
+    spec_columns,
     uses_tensor_cores,
 )
 from gpemu.hardware import get_gpu, list_gpus
@@ -137,3 +139,52 @@ def test_op_arrays_plane_from_records() -> None:
     plane = op_arrays([bn, bare]).plane
     assert plane is not None
     assert plane.tolist() == [196.0, math.inf]  # 14 * 14; no shapes -> no ramp
+
+
+def test_k80_is_priced_at_its_sustained_clock() -> None:
+    # Note [Sustained clock]: K80 fp32 peak 4.37 TFLOPS at 875 MHz -> 4.37 * 562 / 875 = 2.807 TFLOPS at 562 MHz;
+    # bandwidth 240 * 562 / 705 = 191.3 GB/s; memory latency counted in 562 MHz cycles.
+    k80 = get_gpu("k80")
+    assert peak_flops(k80, "fp32", "conv", False) == pytest.approx(2.8068e12, rel=1e-4)
+    from types import SimpleNamespace
+
+    add = SimpleNamespace(name="add", category="elementwise", phase="forward", flops=0.0, bytes=1e6, dtype="fp32",
+                          tensor_core=False)
+    ops = op_arrays([add])
+    cols = spec_columns(ops, k80, 0.5)
+    assert cols.bw == pytest.approx(191.319e9, rel=1e-4)
+    assert cols.clock_hz == 562e6
+    # a GPU without a sustained clock keeps its datasheet figures: V100-PCIe 14 TFLOPS, 900 GB/s, 1380 MHz
+    v100 = get_gpu("v100-pcie-32gb")
+    assert peak_flops(v100, "fp32", "conv", False) == 14.0e12
+    cols = spec_columns(ops, v100, 0.5)
+    assert (cols.bw, cols.clock_hz) == (900e9, 1380e6)
+
+
+def test_pointwise_convolutions_are_recognised_by_their_weight() -> None:
+    from gpemu.cost.model import compute_param_index, is_pointwise_conv
+
+    x, w1, w3 = (8, 64, 56, 56), (256, 64, 1, 1), (64, 64, 3, 3)
+    assert is_pointwise_conv("convolution", "conv", (x, w1))
+    assert not is_pointwise_conv("convolution", "conv", (x, w3))
+    assert is_pointwise_conv("convolution_backward", "conv", ((8, 256, 56, 56), x, w1))  # (grad_out, input, weight)
+    assert not is_pointwise_conv("convolution", "conv_grouped", (x, (64, 1, 1, 1)))  # grouped keep e_grouped
+    assert not is_pointwise_conv("mm", "matmul", ((8, 64), (64, 64)))
+    # e_conv, e_conv_bwd for 3x3; e_conv_1x1 (5), e_conv_1x1_bwd (6) for 1x1
+    assert compute_param_index("conv", "convolution", False) == 0
+    assert compute_param_index("conv", "convolution", True) == 5
+    assert compute_param_index("conv", "convolution_backward", True) == 6
+
+
+def test_pointwise_convolutions_are_priced_at_their_own_efficiency() -> None:
+    from gpemu.cost.registry import OpCost
+    from gpemu.cost.roofline import cost_time_s
+
+    v100 = get_gpu("v100")
+    shared = {**load_params().shared, "w_half": 0.0, "k0": 0.0, "mem_lat_cycles": 0.0, "e_conv": 2.0,
+              "e_conv_1x1": 0.5}
+    params = CostParams(shared, {})
+    cost = OpCost(1.4e12, 1.0, "conv", "fp32")  # compute-bound: 1.4 TFLOP
+    # 3x3 (Winograd): 1.4e12 / (14e12 * 2.0) = 50 ms; 1x1 (GEMM): 1.4e12 / (14e12 * 0.5) = 200 ms
+    assert cost_time_s(cost, "convolution", v100, params) == pytest.approx(0.05)
+    assert cost_time_s(cost, "convolution", v100, params, pointwise=True) == pytest.approx(0.2)

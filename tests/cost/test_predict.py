@@ -41,6 +41,20 @@ def test_scaled_from_the_closest_measured_gpu() -> None:
     assert est.value == pytest.approx(0.05 * d["model_y_s"] / d["model_x_s"])  # type: ignore[operator]
 
 
+def test_nearest_source_without_the_batch_size_gives_the_spec_model() -> None:
+    # Note [Nearest source or the spec model]: the V100-PCIe (same generation as a V100-SXM2) measured resnet18 at
+    # batch 32 only; the K80 (three generations away) at 64. Batch 32 scales from the V100-PCIe; batch 64 does not
+    # fall back to the K80 but to the spec model.
+    common = {"workload": "resnet18", "phase": "forward", "dtype": "fp32", "unit": "s", "measured": 1, "source": "t"}
+    rows = pd.DataFrame([{**common, "gpu": "v100-pcie-32gb", "batch_size": 32, "value": 0.03},
+                         {**common, "gpu": "k80", "batch_size": 64, "value": 0.3}])
+    assert predict_phase("v100-sxm2-32gb", "resnet18", "forward", 32, db=rows).path == "scaled-from:v100-pcie-32gb"
+    assert predict_phase("v100-sxm2-32gb", "resnet18", "forward", 64, db=rows).path == "spec-model"
+    # with the V100-PCIe excluded the K80 is the nearest source that measured resnet18, and it has batch 64
+    est = predict_phase("v100-sxm2-32gb", "resnet18", "forward", 64, db=rows, exclude_gpus=("v100-pcie-32gb",))
+    assert est.path == "scaled-from:k80"
+
+
 class _StandInDB:
     rows = pd.DataFrame(columns=["gpu", "workload", "phase", "batch_size", "dtype", "value", "unit", "measured"])
 

@@ -99,6 +99,24 @@ def test_k80_is_one_die_as_cuda_sees_it() -> None:
     assert k80.memory_bw_gbps == 240.0
 
 
+def test_k80_under_load_runs_at_its_base_clock() -> None:
+    # Note [Sustained clock]: 562 MHz base clock; full bandwidth needs ~705 MHz.
+    k80 = get_gpu("k80")
+    assert k80.load_clock_mhz == 562.0
+    assert k80.load_clock_ratio == pytest.approx(562 / 875)  # 0.642
+    assert k80.load_memory_bw_gbps == pytest.approx(240 * 562 / 705)  # 191.3 GB/s
+    for figure in ("sustained_clock_mhz", "full_bandwidth_clock_mhz"):
+        assert k80.sources.get(figure), figure
+
+
+def test_gpus_without_a_sustained_clock_run_at_boost() -> None:
+    for spec in list_gpus():
+        if spec.key == "k80":
+            continue
+        assert spec.load_clock_mhz == spec.boost_clock_mhz, spec.key
+        assert spec.load_memory_bw_gbps == spec.memory_bw_gbps, spec.key
+
+
 def test_pageable_h2d_matches_gpemu_measurements(shared_data) -> None:
     import pandas as pd
 

@@ -67,7 +67,7 @@ def _concat(parts: Sequence[OpArrays]) -> OpArrays:
     return OpArrays([n for o in parts for n in o.names], [c for o in parts for c in o.category],
                     [d for o in parts for d in o.dtype], cat("tensor_core"), cat("phase"), cat("flops"), cat("bytes"),
                     cat("flops_per_sample"), cat("bytes_per_sample"), cat("views_before"),
-                    cat("plane"))
+                    cat("plane"), pointwise=cat("pointwise"))
 
 
 class _GpuBlock:
@@ -164,6 +164,9 @@ def _fit(rows: pd.DataFrame, gpus: list[str], batches: Sequence[int], per_gpu: b
             # a GEMM cannot beat the peak (no Winograd for matmul); CNNs barely constrain e_matmul, so cap it at
             # cuBLAS's typical large-problem efficiency rather than let it drift to the conv cap.
             logp["e_matmul"].clamp_(max=math.log(MATMUL_EFFICIENCY_CAP))
+            # a 1x1 convolution is a GEMM too (Note [Pointwise convolutions] in model.py): at most the peak
+            for k in ("e_conv_1x1", "e_conv_1x1_bwd"):
+                logp[k].clamp_(max=0.0)
         if step in (int(steps * 0.6), int(steps * 0.85)):
             for group in opt.param_groups:
                 group["lr"] *= 0.3
@@ -190,6 +193,9 @@ def main(argv: list[str] | None = None) -> None:
         params = fit(rows, steps=args.steps, progress=lambda i, n, loss: bar.update(task, completed=i,
                                                                                       description=f"fit loss {loss:.4f}"))
     out = params.to_json()
+    # tc_eff and m_stream (with their notes) are fitted on published figures, not on these rows: carry them over
+    old = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else {}
+    out.update({k: v for k, v in old.items() if k in ("tc_eff", "m_stream") or k.endswith("_note")})
     out["note"] = (f"{params.note}; data: GPEmu gpemu-profiles/ROWS.csv measured=1, batch sizes {list(FIT_BATCHES)}; "
                    f"fitted {dt.date.today().isoformat()} with `python -m gpemu.cost.calibrate`; torch {torch.__version__}")
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")

@@ -36,7 +36,7 @@ from gpemu.hardware import GPUSpec
 
 MEMORY_CATEGORIES: tuple[str, ...] = tuple(c for c in CATEGORIES if c not in COMPUTE_CATEGORIES)
 SHARED_PARAMS: tuple[str, ...] = (
-    "e_conv", "e_conv_bwd", "e_grouped", "e_grouped_bwd", "e_matmul", "w_half", "m_elementwise", "m_norm",
+    "e_conv", "e_conv_bwd", "e_grouped", "e_grouped_bwd", "e_matmul", "e_conv_1x1", "e_conv_1x1_bwd", "w_half", "m_elementwise", "m_norm",
     "m_other", "m_elementwise_bwd", "m_norm_bwd", "m_other_bwd", "mem_lat_cycles", "k0", "h", "h_bwd", "h_view", "t0",
     "t0_bwd", "bn_plane_half",
 )
@@ -83,7 +83,8 @@ class CostParams:
 
 
 DEFAULT_SHARED: dict[str, float] = {
-    "e_conv": 0.6, "e_conv_bwd": 0.5, "e_grouped": 0.1, "e_grouped_bwd": 0.05, "e_matmul": 0.7, "w_half": 2e6, "m_elementwise": 0.75, "m_norm": 0.6, "m_other": 0.6,
+    "e_conv": 0.6, "e_conv_bwd": 0.5, "e_grouped": 0.1, "e_grouped_bwd": 0.05, "e_matmul": 0.7, "e_conv_1x1": 0.6,
+    "e_conv_1x1_bwd": 0.6, "w_half": 2e6, "m_elementwise": 0.75, "m_norm": 0.6, "m_other": 0.6,
     "m_elementwise_bwd": 0.75, "m_norm_bwd": 0.6, "m_other_bwd": 0.6,
     "mem_lat_cycles": 5e3, "k0": 3e-6, "h": 2e-5, "h_bwd": 1e-5, "h_view": 3e-6, "t0": 3e-4, "t0_bwd": 1e-3,
     "bn_plane_half": 256.0,
@@ -144,9 +145,28 @@ def uses_tensor_cores(spec: GPUSpec, dtype: str, category: str, tensor_core: boo
 MISALIGNED_TC_FRACTION = 0.5
 
 
+# Note [Sustained clock]
+# Datasheet peaks are at the boost clock. A GPU whose sustained clock under a full training load is documented to be
+# lower (GPUSpec.sustained_clock_mhz) is priced at that clock: every FLOP peak scales by load_clock_ratio, the memory
+# latency (mem_lat_cycles, counted in SM cycles) is paid at that clock, and, where the SM clock also limits
+# device-memory bandwidth (GPUSpec.full_bandwidth_clock_mhz), bandwidth scales by min(1, clock / that clock). Only the
+# K80 sets these fields: a K80 die's base (default application) clock is 562 MHz, autoboost raising it towards 875
+# MHz only as the board's 300 W shared by two dies allows; and NVIDIA's K80 autoboost post (its author, in the
+# comments) says a K80 needs an SM clock of about 705 MHz for full memory bandwidth, so at 562 MHz it streams at
+# 562/705 of it. Session 3 tried the clock alone (compute and latency, bandwidth left at the datasheet 240 GB/s) and
+# it explained under a quarter of the K80's error; the bandwidth coupling is what moves the memory-bound kernels,
+# which are as slow as the compute-bound ones (mobilenet_v2 1.7x, VGG 1.8x, ResNets 2.0-2.3x the M40's time at
+# batch >= 32). Leave-one-GPU-out (bench/predict_validation.py), K80 fwd+bwd median / p90: spec-model 38.1 / 48.7
+# -> 19.8 / 33.4 %, scaled from the M40 33.4 / 42.6 -> 13.5 / 24.2 %. Nothing here is fitted to the K80's rows:
+# 562 and 705 MHz are NVIDIA's figures, and no other GPU of the catalog sets either field.
 def peak_flops(spec: GPUSpec, dtype: str, category: str, tensor_core: bool) -> float:
     """Return the peak FLOP/s an op of this dtype/category runs against on `spec`: the tensor-core peak where
-    uses_tensor_cores, else the CUDA-core one (see Note [Time model])."""
+    uses_tensor_cores, else the CUDA-core one (see Note [Time model]), at the sustained clock (Note [Sustained
+    clock])."""
+    return _boost_peak_flops(spec, dtype, category, tensor_core) * spec.load_clock_ratio
+
+
+def _boost_peak_flops(spec: GPUSpec, dtype: str, category: str, tensor_core: bool) -> float:
     fp32 = spec.peak_tflops["fp32"] * 1e12
     if dtype == "fp64":
         return spec.peak_tflops["fp64"] * 1e12 or fp32 / 32
@@ -189,6 +209,7 @@ class OpArrays:
     layout: np.ndarray | None = None  # conv / batch-norm ops: LAYOUT_NCHW or LAYOUT_NHWC; LAYOUT_NONE elsewhere
     relayout_bytes: np.ndarray | None = None  # conv ops: activation bytes (Note [Layout cost]); batch-linear like bytes
     relayout_bytes_per_sample: np.ndarray | None = None
+    pointwise: np.ndarray | None = None  # bool: 1x1 convolutions (Note [Pointwise convolutions])
 
     def at_batch(self, batch_size: float) -> tuple[np.ndarray, np.ndarray]:
         """Return (flops, bytes) at `batch_size` (batch-linear arrays) or the stored ones."""
@@ -209,7 +230,8 @@ class OpArrays:
         return OpArrays([self.names[i] for i in idx], [self.category[i] for i in idx],
                         [self.dtype[i] for i in idx], self.tensor_core[idx], self.phase[idx], self.flops[idx],
                         self.bytes[idx], sub(self.flops_per_sample), sub(self.bytes_per_sample), sub(self.views_before),
-                        sub(self.plane), sub(self.layout), sub(self.relayout_bytes), sub(self.relayout_bytes_per_sample))
+                        sub(self.plane), sub(self.layout), sub(self.relayout_bytes), sub(self.relayout_bytes_per_sample),
+                        sub(self.pointwise))
 
 
 _PHASE_ID = {"forward": 0, "backward": 1, "optimizer": 2}
@@ -230,6 +252,18 @@ def bn_plane(name: str, shape: Sequence[int]) -> float:
     return float(math.prod(shape[2:]))
 
 
+def is_pointwise_conv(name: str, category: str, shapes: Sequence[Sequence[int]]) -> bool:
+    """Return True for a dense convolution (forward or backward) whose kernel is 1x1 (Note [Pointwise
+    convolutions]); `shapes` are the op's tensor-argument shapes in order (the weight is the 2nd, or the 3rd of a
+    convolution_backward)."""
+    if category != "conv":
+        return False
+    idx = 2 if name == "convolution_backward" else 1
+    if len(shapes) <= idx or len(shapes[idx]) < 3:
+        return False
+    return all(int(k) == 1 for k in shapes[idx][2:])
+
+
 def _first_shape(record: Any) -> tuple[int, ...]:
     shapes = getattr(record, "in_shapes", ())  # OpRecord-like objects without shapes get no batch-norm ramp
     return tuple(shapes[0]) if shapes else ()
@@ -248,6 +282,8 @@ def op_arrays(records: Sequence[Any]) -> OpArrays:
         plane=np.array([bn_plane(r.name, _first_shape(r)) for r in records], dtype=np.float64),
         layout=np.array([_LAYOUT_ID.get(getattr(r, "layout", ""), 0) for r in records], dtype=np.int64),
         relayout_bytes=np.array([float(getattr(r, "relayout_bytes", 0.0)) for r in records], dtype=np.float64),
+        pointwise=np.array([is_pointwise_conv(r.name, r.category, getattr(r, "in_shapes", ())) for r in records],
+                           dtype=bool),
     )
 
 
@@ -271,13 +307,27 @@ class SpecColumns:
     clock_hz: float
 
 
-COMPUTE_PARAMS: tuple[str, ...] = ("e_conv", "e_conv_bwd", "e_grouped", "e_grouped_bwd", "e_matmul")
+COMPUTE_PARAMS: tuple[str, ...] = ("e_conv", "e_conv_bwd", "e_grouped", "e_grouped_bwd", "e_matmul", "e_conv_1x1",
+                                   "e_conv_1x1_bwd")
 
 
-def compute_param_index(category: str, name: str) -> int:
-    """Return the index into COMPUTE_PARAMS for an op (-1 for ops priced by bytes only)."""
+# Note [Pointwise convolutions]
+# e_conv / e_conv_bwd are efficiencies against direct-convolution FLOPs and come out above 1 (1.4 and 2.2) because
+# cuDNN runs 3x3 (and 5x5, 7x7) convolutions with Winograd / FFT algorithms that do fewer multiplies. A 1x1
+# convolution is a plain GEMM over the channel dimension (cuDNN's implicit-GEMM kernels; no Winograd or FFT
+# variant exists for it), so it cannot beat the peak and gets its own efficiencies, e_conv_1x1 / e_conv_1x1_bwd,
+# capped at 1 in the fit. With one e_conv for both, the bottleneck networks (ResNet-50/101/152, ResNeXt,
+# DenseNets, GoogLeNet: most of their convolution FLOPs are 1x1) had their compute priced too cheap, i.e. they came
+# out too memory-bound, so a GPU whose compute is relatively slower than its bandwidth (K80 and M40 against a P100)
+# was predicted too fast on them and too slow on VGG: leave-one-GPU-out signed error at batch >= 32, K80 <- M40,
+# resnet101 -25 %, vgg19 +12 %; M40 <- P100, resnet50 +18 %, vgg19 -15 % (session 5, before this split).
+def compute_param_index(category: str, name: str, pointwise: bool = False) -> int:
+    """Return the index into COMPUTE_PARAMS for an op (-1 for ops priced by bytes only); `pointwise`: a 1x1
+    convolution (Note [Pointwise convolutions])."""
     if category in ("matmul", "attention"):
         return 4
+    if category == "conv" and pointwise:
+        return 5 + int(name.endswith("_backward"))
     if category in ("conv", "conv_grouped"):
         return (0 if category == "conv" else 2) + int(name.endswith("_backward"))
     return -1
@@ -393,6 +443,7 @@ def spec_columns(ops: OpArrays, spec: GPUSpec, tc_eff: float, m_stream: float = 
             native = native_conv_layout(spec, ops.dtype[j], bool(ops.tensor_core[j]))
             if ops.category[j] == "conv" and native != LAYOUT_NONE and ops.layout[j] != native:
                 relayout[j] = 3.0 if ops.names[j].endswith("_backward") else 2.0  # dy, x, dx; forward: x, y
+    pointwise = ops.pointwise if ops.pointwise is not None else np.zeros(n, dtype=bool)
     stream = np.array([streams(spec, d, c, name, m_stream)
                        for c, d, name in zip(ops.category, ops.dtype, ops.names, strict=True)], dtype=bool)
     return SpecColumns(
@@ -404,13 +455,14 @@ def spec_columns(ops: OpArrays, spec: GPUSpec, tc_eff: float, m_stream: float = 
         relayout_stream=(relayout > 0) & np.array([streams_physically(spec, d, m_stream) for d in ops.dtype],
                                                   dtype=bool),
         is_kernel=np.array([c != "view" for c in ops.category]),
-        compute_param=np.array([compute_param_index(c, n) for c, n in zip(ops.category, ops.names, strict=True)]),
+        compute_param=np.array([compute_param_index(c, n, bool(pw)) for c, n, pw in
+                                zip(ops.category, ops.names, pointwise, strict=True)]),
         mem_param=mem,
         plane=plane,
         relayout=relayout,
-        bw=spec.memory_bw_gbps * 1e9,
+        bw=spec.load_memory_bw_gbps * 1e9,  # See Note [Sustained clock]
         sm_count=spec.sm_count,
-        clock_hz=spec.boost_clock_mhz * 1e6,
+        clock_hz=spec.load_clock_mhz * 1e6,
     )
 
 

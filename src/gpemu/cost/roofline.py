@@ -16,6 +16,7 @@ from gpemu.cost.model import (
     CostParams,
     bn_plane,
     compute_param_index,
+    is_pointwise_conv,
     load_params,
     mem_param,
     native_conv_layout,
@@ -74,14 +75,15 @@ def op_bytes(args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> int:
 
 
 def cost_time_s(cost: OpCost, name: str, spec: GPUSpec, params: CostParams | None = None,
-                plane: float = math.inf) -> float:
+                plane: float = math.inf, pointwise: bool = False) -> float:
     """Return the fitted model's kernel seconds for one op's cost on `spec` (0 for views; no launch overhead);
-    `plane` is a batch-norm op's H*W (Note [Batch-norm plane size])."""
+    `plane` is a batch-norm op's H*W (Note [Batch-norm plane size]); `pointwise` marks a 1x1 convolution (Note
+    [Pointwise convolutions])."""
     if cost.category == "view":
         return 0.0
     params = params or load_params()
     p, f = params.shared, params.factors(spec)
-    cidx = compute_param_index(cost.category, name)
+    cidx = compute_param_index(cost.category, name, pointwise)
     compute = 0.0
     if cidx >= 0:
         peak = peak_flops(spec, cost.dtype, cost.category, cost.tensor_core)
@@ -94,18 +96,18 @@ def cost_time_s(cost: OpCost, name: str, spec: GPUSpec, params: CostParams | Non
     if cost.layout == "nhwc" and cost.category == "norm":  # See Note [Layout cost]: no plane ramp
         plane = math.inf
     ramp = float(plane_efficiency(plane, p["bn_plane_half"]))
-    bw = spec.memory_bw_gbps * 1e9 * f["b"]
+    bw = spec.load_memory_bw_gbps * 1e9 * f["b"]
     m_eff = m_ceiling * ramp
     if streams(spec, cost.dtype, cost.category, name, params.m_stream):
-        bw, m_eff = spec.memory_bw_gbps * 1e9, params.m_stream * ramp  # Note [16-bit streaming]
-    latency = p["mem_lat_cycles"] / (spec.boost_clock_mhz * 1e6)
+        bw, m_eff = spec.load_memory_bw_gbps * 1e9, params.m_stream * ramp  # Note [16-bit streaming]
+    latency = p["mem_lat_cycles"] / (spec.load_clock_mhz * 1e6)  # Note [Sustained clock]
     total = max(compute, cost.bytes / (bw * m_eff) + latency) + p["k0"]
     if cost.category == "conv" and cost.layout and cost.relayout_bytes:
         native = native_conv_layout(spec, cost.dtype, cost.tensor_core)
         if native != LAYOUT_NONE and (cost.layout == "nhwc") != (native == LAYOUT_NHWC):  # transposes x, y (dy, x, dx)
-            bw_copy = spec.memory_bw_gbps * 1e9 * f["b"]
+            bw_copy = spec.load_memory_bw_gbps * 1e9 * f["b"]
             if streams_physically(spec, cost.dtype, params.m_stream):  # Note [16-bit streaming]
-                bw_copy, m_copy = spec.memory_bw_gbps * 1e9, params.m_stream
+                bw_copy, m_copy = spec.load_memory_bw_gbps * 1e9, params.m_stream
             total += 2 * cost.relayout_bytes / (bw_copy * m_copy) + (3 if backward else 2) * (latency + p["k0"])
     return total
 
@@ -163,7 +165,9 @@ def op_time_s(func: Any, args: Sequence[Any], kwargs: dict[str, Any], out: Any, 
     name = op_name(func)
     first = args[0] if args else None
     plane = bn_plane(name, tuple(first.shape)) if isinstance(first, torch.Tensor) else math.inf
-    value = cost_time_s(with_fp32_modes(op_cost(func, args, kwargs, out), spec, modes), name, spec, plane=plane)
+    cost = with_fp32_modes(op_cost(func, args, kwargs, out), spec, modes)
+    shapes = [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
+    value = cost_time_s(cost, name, spec, plane=plane, pointwise=is_pointwise_conv(name, cost.category, shapes))
     if len(_cache) >= _CACHE_LIMIT:
         _cache.clear()
     _cache[key] = value

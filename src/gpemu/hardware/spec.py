@@ -47,6 +47,11 @@ class GPUSpec:
     # What CUDA reports as the device's total memory (cudaMemGetInfo, get_device_properties().total_memory), in MiB;
     # below the marketing figure (ECC and driver reservations). 0.0 = not known: memory_gib is used.
     total_memory_mib: float = 0.0
+    # Note [Sustained clock]: the SM clock the GPU holds under a sustained full training load, where that is below
+    # boost_clock_mhz (0.0 = the boost clock); peaks scale with it. full_bandwidth_clock_mhz: the SM clock below
+    # which device-memory bandwidth falls in proportion (0.0 = bandwidth does not depend on the SM clock).
+    sustained_clock_mhz: float = 0.0
+    full_bandwidth_clock_mhz: float = 0.0
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
     @property
@@ -65,6 +70,25 @@ class GPUSpec:
     def memory_bw_bytes_per_s(self) -> float:
         """Device memory bandwidth in bytes/s."""
         return self.memory_bw_gbps * 1e9
+
+    @property
+    def load_clock_mhz(self) -> float:
+        """Return the SM clock under a sustained full load: sustained_clock_mhz, else the boost clock (Note
+        [Sustained clock])."""
+        return self.sustained_clock_mhz or float(self.boost_clock_mhz)
+
+    @property
+    def load_clock_ratio(self) -> float:
+        """Return load_clock_mhz / boost_clock_mhz: the fraction of the datasheet (boost) peaks reached under load."""
+        return self.load_clock_mhz / self.boost_clock_mhz
+
+    @property
+    def load_memory_bw_gbps(self) -> float:
+        """Return the device-memory bandwidth at load_clock_mhz: the datasheet figure, scaled down in proportion
+        when the SM clock is below full_bandwidth_clock_mhz (Note [Sustained clock])."""
+        if not self.full_bandwidth_clock_mhz:
+            return self.memory_bw_gbps
+        return self.memory_bw_gbps * min(1.0, self.load_clock_mhz / self.full_bandwidth_clock_mhz)
 
 
 def _norm(name: str) -> str:
