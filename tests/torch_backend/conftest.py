@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import csv
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -46,3 +48,10 @@ def gpemu_tree_lookup(root: Path, folder: str = "Tesla_V100-PCIE-32GB"):
         return None
 
     return lookup
+
+
+def gpemu_run_script(tmp_path: Path, script: str, *flags: str, timeout_s: int = 300) -> subprocess.CompletedProcess[str]:
+    """Run `gpemu run --gpu a100 <flags> -- python tests/torch_backend/scripts/<script>` in `tmp_path`."""
+    path = Path(__file__).resolve().parent / "scripts" / script
+    return subprocess.run([sys.executable, "-m", "gpemu", "run", "--gpu", "a100", *flags, "--", "python", str(path)],
+                          capture_output=True, text=True, timeout=timeout_s, cwd=tmp_path)

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .conftest import gpemu_run_script
+
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "timm_style_train.py"
 
 
@@ -34,10 +36,7 @@ def test_train_then_resume_with_map_location(tmp_path: Path) -> None:
 def test_a_launcher_exiting_after_its_worker_keeps_the_workers_trace(tmp_path: Path) -> None:
     # `gpemu run --trace t.json -- torchrun ...`: the launcher process is emulated too (it imports torch) and exits
     # last; its empty trace used to replace the worker's, as its idle report already did not
-    launcher = Path(__file__).resolve().parent / "scripts" / "launcher_then_worker.py"
-    done = subprocess.run(
-        [sys.executable, "-m", "gpemu", "run", "--gpu", "a100", "--trace", str(tmp_path / "t.json"), "--",
-         "python", str(launcher)], capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    done = gpemu_run_script(tmp_path, "launcher_then_worker.py", "--trace", str(tmp_path / "t.json"), timeout_s=180)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "worker done" in done.stdout and "launcher done" in done.stdout
     names = {e.get("name") for e in json.loads((tmp_path / "t.json").read_text())["traceEvents"]}

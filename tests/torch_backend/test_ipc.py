@@ -17,6 +17,8 @@ import gpemu.torch_backend as gt
 from gpemu.errors import GpemuError
 from gpemu.torch_backend import ipc
 
+from .conftest import gpemu_run_script
+
 
 def test_share_memory_is_a_no_op_on_the_device(emu: gt.Emulation) -> None:
     model = torch.nn.Linear(4, 3).cuda()
@@ -53,10 +55,7 @@ def test_receiving_without_an_emulation_says_how_to_run(monkeypatch: pytest.Monk
 def test_hogwild_script_trains_in_spawned_processes_under_gpemu_run(tmp_path: Path) -> None:
     # end to end: each spawned trainer receives the emulated model, installs its own emulation and writes its own
     # report beside the parent's (r.pid<PID>.json), so the parent's r.json is not overwritten
-    script = Path(__file__).resolve().parent / "scripts" / "hogwild_train.py"
-    done = subprocess.run(
-        [sys.executable, "-m", "gpemu", "run", "--gpu", "a100", "--report-json", str(tmp_path / "r.json"), "--",
-         "python", str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    done = gpemu_run_script(tmp_path, "hogwild_train.py", "--report-json", str(tmp_path / "r.json"))
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("trained on cuda:0") == 2 and "done" in done.stdout
     children = sorted(tmp_path.glob("r.pid*.json"))

@@ -253,18 +253,23 @@ def _patched_pad(original: Callable[..., Any]) -> Callable[..., Any]:
     return pad
 
 
-def patched(mode: str, original: Callable[..., Any]) -> Callable[..., Any]:
-    """Return a `_VF.<mode>` replacement that runs emulated inputs as one fused call (see Note [Fused RNN])."""
+def _routed(call: Callable[[str, tuple[Any, ...]], Any], mode: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    """Return `original` wrapped so that positional calls go to `call(mode, args)` first (NotImplemented: original)."""
 
     @functools.wraps(original)
-    def rnn(*args: Any, **kwargs: Any) -> Any:
+    def routed(*args: Any, **kwargs: Any) -> Any:
         if not kwargs:
-            result = _emulated_call(mode, args)
+            result = call(mode, args)
             if result is not NotImplemented:
                 return result
         return original(*args, **kwargs)
 
-    return rnn
+    return routed
+
+
+def patched(mode: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    """Return a `_VF.<mode>` replacement that runs emulated inputs as one fused call (see Note [Fused RNN])."""
+    return _routed(_emulated_call, mode, original)
 
 
 def _cell_call(mode: str, args: tuple[Any, ...]) -> Any:
@@ -289,16 +294,7 @@ def _cell_call(mode: str, args: tuple[Any, ...]) -> Any:
 
 def patched_cell(mode: str, original: Callable[..., Any]) -> Callable[..., Any]:
     """Return a `_VF.<mode>_cell` replacement that runs emulated inputs as CUDA does (see Note [Fused RNN cells])."""
-
-    @functools.wraps(original)
-    def cell(*args: Any, **kwargs: Any) -> Any:
-        if not kwargs:
-            result = _cell_call(mode, args)
-            if result is not NotImplemented:
-                return result
-        return original(*args, **kwargs)
-
-    return cell
+    return _routed(_cell_call, mode, original)
 
 
 def _patched_invert(original: Callable[..., Any]) -> Callable[..., Any]:
