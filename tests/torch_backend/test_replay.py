@@ -314,3 +314,41 @@ def test_replayed_backward_peaks_where_the_per_op_backward_does() -> None:
     # steps 3-4 replay: the same levels and peak (allocating every gradient while holding the activations
     # overstated the peak by up to the gradients' size)
     assert replayed == per_op
+
+
+class _FreshState(torch.nn.Module):
+    """Builds its initial state on the host and copies it in every forward (pytorch/examples' RNN idiom)."""
+
+    def __init__(self, read_copied: bool = False) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(64, 64)
+        self.read_copied = read_copied
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h0 = torch.zeros(x.shape[0], 64).to(x.device)  # pageable: 8*64*4 = 2048 bytes, the host waits for it
+        if self.read_copied and int(torch.tensor([x.shape[0]]).to(x.device).sum()) > 100:
+            h0 = h0 + 1
+        return torch.tanh(self.lin(x) + h0)
+
+
+def test_a_forward_that_copies_from_the_host_replays_with_its_copy(emu: gt.Emulation) -> None:
+    model = _FreshState().cuda()
+    x = torch.randn(8, 64, device="cuda")
+    dev = emu.devices[0]
+    rows = []
+    for _ in range(4):
+        torch.cuda.synchronize()
+        busy, h2d, copies = dev.busy_s(), dev.stats.h2d_bytes, dev.stats.work_count.get("h2d", 0)
+        model(x).sum().backward()
+        torch.cuda.synchronize()
+        rows.append((dev.busy_s() - busy, dev.stats.h2d_bytes - h2d, dev.stats.work_count.get("h2d", 0) - copies))
+    # before: a recording with a copy was never replayed (4, 0); now calls 1-2 record, 3-4 replay (Note [Copies
+    # in forward]) and queue the same 2048-byte copy each step
+    assert (emu.replay.recorded, emu.replay.replayed) == (2, 2)
+    assert [r[1] for r in rows] == [2048] * 4 and [r[2] for r in rows] == [1] * 4
+    assert rows[3][0] == pytest.approx(rows[1][0], rel=1e-6)
+    # a host read of a value copied inside the forward may change every call: never replayed
+    reads = _FreshState(read_copied=True).cuda()
+    for _ in range(3):
+        reads(x).sum().backward()
+    assert (emu.replay.recorded, emu.replay.replayed) == (5, 2)

@@ -202,6 +202,9 @@ def known_sources(t: torch.Tensor) -> frozenset[int]:
 # how it was computed from them (Note [Read programs]) and the value read.
 # See Note [Replay with host reads] in replay.py.
 read_sink: Any = None
+# Set with read_sink: copy_sink(nbytes, pinned, non_blocking, out) sees every host-to-device copy in a recorded forward
+# (Note [Copies in forward] in replay.py).
+copy_sink: Any = None
 
 
 # id(tensor) -> in-place scalar ops applied on the device and not yet to the recorded host value (applied on read);
@@ -254,11 +257,8 @@ def is_pinned_host(t: torch.Tensor) -> bool:
 
 def host_to_device(src: torch.Tensor, index: int, non_blocking: bool = False, dtype: torch.dtype | None = None) -> EmuTensor:
     """Copy a CPU tensor to emulated device `index` (copy engine; pageable or blocking copies block the host)."""
-    emu = state.require()
-    device = emu.devices[index]
     pinned = is_pinned_host(src)
     nbytes = _nbytes(src)
-    bw_gbps = device.spec.h2d_pinned_gbps if pinned else device.spec.h2d_pageable_gbps
     meta = torch.empty_strided(src.shape, src.stride(), dtype=src.dtype, device=META) if src.is_contiguous() else (
         torch.empty(src.shape, dtype=src.dtype, device=META)
     )
@@ -268,17 +268,28 @@ def host_to_device(src: torch.Tensor, index: int, non_blocking: bool = False, dt
             return run_op(aten._to_copy.default, (out,), {"dtype": dtype})  # type: ignore[no-any-return]
         set_known_value(out, src.clone())
         return out
-    work = emu.current_stream(index).enqueue(
-        nbytes / (bw_gbps * 1e9), "memcpy HtoD", "h2d", "h2d", {"bytes": nbytes, "pinned": pinned}
-    )
-    device.stats.h2d_bytes += nbytes
-    if not (pinned and non_blocking):
-        device.host_wait(work.end_s, reason="h2d pageable" if not pinned else "h2d blocking")
+    charge_h2d(index, nbytes, pinned, non_blocking)
+    if copy_sink is not None:
+        copy_sink(nbytes, pinned, non_blocking, out)
     if dtype is not None and dtype != src.dtype:
         return run_op(aten._to_copy.default, (out,), {"dtype": dtype})  # type: ignore[no-any-return]
     if nbytes <= KNOWN_VALUE_MAX_BYTES and src.device.type == "cpu":
         set_known_value(out, src.clone())  # a copy: the script may refill its host buffer
     return out
+
+
+def charge_h2d(index: int, nbytes: int, pinned: bool, non_blocking: bool, args: dict[str, Any] | None = None) -> None:
+    """Queue a host-to-device copy of `nbytes` on the current stream of device `index`; a pageable or blocking copy
+    blocks the host until it is done."""
+    emu = state.require()
+    device = emu.devices[index]
+    bw_gbps = device.spec.h2d_pinned_gbps if pinned else device.spec.h2d_pageable_gbps
+    work = emu.current_stream(index).enqueue(
+        nbytes / (bw_gbps * 1e9), "memcpy HtoD", "h2d", "h2d", {"bytes": nbytes, "pinned": pinned, **(args or {})}
+    )
+    device.stats.h2d_bytes += nbytes
+    if not (pinned and non_blocking):
+        device.host_wait(work.end_s, reason="h2d pageable" if not pinned else "h2d blocking")
 
 
 def device_to_host(t: EmuTensor, reason: str = "d2h", dtype: torch.dtype | None = None) -> torch.Tensor:

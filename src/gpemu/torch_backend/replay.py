@@ -112,15 +112,18 @@ class Recording:
     read_sources: set[int] = field(default_factory=set)
     # reads of known values: (how it was computed, the value read, its sources); See Note [Read programs] in ops.py
     value_reads: list[tuple[emu_ops.HostExpr | None, torch.Tensor, frozenset[int]]] = field(default_factory=list)
-    fwd_segments: list[tuple[list[Chunk], tuple[int, str] | None]] = field(default_factory=list)
+    # host-to-device copies in forward: (ops charged before it, bytes, pinned, non_blocking); Note [Copies in forward]
+    copies: list[tuple[int, int, bool, bool]] = field(default_factory=list)
+    copy_sources: set[int] = field(default_factory=set)  # the emulated tensors those copies made
+    fwd_segments: list[tuple[list[Chunk], tuple[Any, ...] | None]] = field(default_factory=list)
     n_params: int = 0
     bwd_state: bool = False  # _grads_exist when the backward started (Note [Gradient accumulation])
     bwd_peaks: dict[bool, int] = field(default_factory=dict)  # bwd_peak_bytes by bwd_state, once ready
 
     def matches(self, other: Recording) -> bool:
         """Return True when both calls ran the same ops at the same predicted costs with about the same memory."""
-        if (self.fwd, self.bwd, self.out_meta, self.stream_id, self.reads) != (
-                other.fwd, other.bwd, other.out_meta, other.stream_id, other.reads):
+        if (self.fwd, self.bwd, self.out_meta, self.stream_id, self.reads, self.copies) != (
+                other.fwd, other.bwd, other.out_meta, other.stream_id, other.reads, other.copies):
             return False
         # the caching allocator hands out whole blocks depending on what is cached, so byte counts move a little
         # from call to call (~0.5% on resnet18); a changed model moves them far more
@@ -152,14 +155,18 @@ class _Window:
         end = self.allocator.memory_allocated()
         return end, self.allocator.end_peak_window(self.token)
 
-    def clean(self, charged: int, reads: list[tuple[int, int, str]] | None = None) -> bool:
+    def clean(self, charged: int, reads: list[tuple[int, int, str]] | None = None,
+              copies: list[tuple[int, int, bool, bool]] | None = None) -> bool:
         """Return True when the window saw exactly `charged` work items and no copies or host syncs but `reads`
-        (recorded host reads: one D2H copy each, and the host's waits for them)."""
+        (recorded host reads: one D2H copy each, and the host's waits for them) and `copies` (recorded H2D copies:
+        one copy each, and the waits of pageable or blocking ones)."""
         before = self.effects
         after = _effects(self.device)
-        if not reads:
+        if not reads and not copies:
             return after[0] - before[0] == charged and after[1:] == before[1:]
-        return (after[0] - before[0] == charged + len(reads) and after[1] == before[1]
+        reads, copies = reads or [], copies or []
+        return (after[0] - before[0] == charged + len(reads) + len(copies)
+                and after[1] - before[1] == sum(c[1] for c in copies)
                 and after[2] - before[2] == sum(r[1] for r in reads))
 
 
@@ -187,12 +194,16 @@ def _chunks(ops: list[tuple[str, float, str]], phase: str) -> list[Chunk]:
     return out
 
 
-def _segments(rec: Recording) -> list[tuple[list[Chunk], tuple[int, str] | None]]:
-    """Return the forward as (chunks, host read after them or None) runs split at the recorded host reads."""
-    out: list[tuple[list[Chunk], tuple[int, str] | None]] = []
+def _segments(rec: Recording) -> list[tuple[list[Chunk], tuple[Any, ...] | None]]:
+    """Return the forward as (chunks, transfer after them or None) runs split at the recorded host reads ("read",
+    bytes, reason) and host-to-device copies ("h2d", bytes, pinned, non_blocking), in the order they ran."""
+    events = sorted([(pos, 0, ("read", nbytes, reason)) for pos, nbytes, reason in rec.reads]
+                    + [(pos, 1, ("h2d", nbytes, pinned, nb)) for pos, nbytes, pinned, nb in rec.copies],
+                    key=lambda e: e[0])  # stable: at one position, the order each list holds (see _copy)
+    out: list[tuple[list[Chunk], tuple[Any, ...] | None]] = []
     start = 0
-    for pos, nbytes, reason in rec.reads:
-        out.append((_chunks(rec.fwd[start:pos], "forward"), (nbytes, reason)))
+    for pos, _kind, event in events:
+        out.append((_chunks(rec.fwd[start:pos], "forward"), event))
         start = pos
     out.append((_chunks(rec.fwd[start:], "forward"), None))
     return out
@@ -264,10 +275,14 @@ class _ReplayFn(torch.autograd.Function):
         device = emu.devices[rec.index]
         alloc = device.allocator
         stream_id = emu.current_stream(rec.index).stream_id
-        for chunks, read in rec.fwd_segments:  # See Note [Replay with host reads]
+        for chunks, event in rec.fwd_segments:  # See Note [Replay with host reads], Note [Copies in forward]
             _charge_chunks(emu, rec.index, chunks)
-            if read is not None:
-                emu_ops.charge_read(rec.index, read[0], read[1], {"replay": True})
+            if event is None:
+                continue
+            if event[0] == "read":
+                emu_ops.charge_read(rec.index, event[1], event[2], {"replay": True})
+            else:
+                emu_ops.charge_h2d(rec.index, event[1], event[2], event[3], {"replay": True})
         ctx.rec = rec
         ctx.held = _Held(alloc, alloc.malloc(rec.saved_bytes, stream_id, "replay: saved activations")) if (
             rec.saved_bytes > 0) else None
@@ -482,7 +497,11 @@ class Replayer:
         rec = self._sink_rec
         if rec is None or self._sink is None:
             return
+        if rec.copies and rec.copies[-1][0] == len(self._sink):  # a copy and a read between the same two ops
+            rec.ok = False
         rec.reads.append((len(self._sink), nbytes, reason))
+        if sources & rec.copy_sources:  # a value the forward copied from the host: it may change every call
+            rec.ok = False
         if sources and value is not None:
             rec.read_sources.update(sources)
             rec.value_reads.append((expr, value, sources))
@@ -514,15 +533,28 @@ class Replayer:
         elif sub is not None and sub[0] == "reads" and sub != read_key:
             rec.ok = False  # the path read more (or other) values than its key: never replay it
 
+    def _copy(self, nbytes: int, pinned: bool, non_blocking: bool, out: torch.Tensor) -> None:
+        """Note one host-to-device copy in the forward being recorded (set as ops.copy_sink)."""
+        rec = self._sink_rec
+        if rec is None or self._sink is None:
+            return
+        pos = len(self._sink)
+        if rec.reads and rec.reads[-1][0] == pos:  # a read and a copy between the same two ops: keep their order
+            rec.ok = False
+        rec.copies.append((pos, nbytes, pinned, non_blocking))
+        rec.copy_sources.add(id(out))
+
     def _open(self, rec: Recording, ops: list[tuple[str, float, str]], bwd: bool) -> None:
         self._sink, self._sink_rec, self._sink_bwd, self._skipped = ops, rec, bwd, 0
         emu_tensor.record_sink = self.sink
         if not bwd:
             emu_ops.read_sink = self._read
+            emu_ops.copy_sink = self._copy
 
     def _close(self) -> int:
         emu_tensor.record_sink = None
         emu_ops.read_sink = None
+        emu_ops.copy_sink = None
         self._sink, self._sink_rec, self._sink_bwd = None, None, False
         return self._skipped
 
@@ -543,7 +575,7 @@ class Replayer:
             self._close()
             end, peak = win.close()
         self.recorded += 1
-        rec.ok = rec.ok and win.clean(len(rec.fwd), rec.reads)
+        rec.ok = rec.ok and win.clean(len(rec.fwd), rec.reads, rec.copies)
         if rec.read_sources:  # reads that depended on host values: which inputs? See Note [Replay with host reads]
             self._file_reads(module, entry, rec, inputs, base, sub)
         leaves, rec.out_spec = tree_flatten(out)
@@ -657,6 +689,12 @@ def _grads_exist(params: Any) -> bool:
     return False
 
 
+# Note [Copies in forward]: a forward may copy host tensors to the device on every call (initial RNN states built as
+# `torch.zeros(...).to(device)`, a position or length tensor built with `torch.tensor(..., device=...)`). Such a
+# recording was never replayed. Each copy is now recorded in place (bytes, pinned, non_blocking) and the replayed
+# forward queues the same copy, and waits for it as the copy did (pageable or blocking). The copied values are not
+# kept: a recording whose host reads depend on a value copied inside the forward (it may differ every call) is
+# never replayed, and neither is one with a read and a copy between the same two ops (their order is not kept).
 # Note [Output objects]: a top module may return objects that are not tensors beside its tensors. Constants (None,
 # numbers, strings) are returned as recorded. A transformers Cache (GPT-2 and other causal LMs build a DynamicCache
 # on every training forward while config.use_cache is on, and return it in the output) is returned as a new empty
