@@ -352,3 +352,41 @@ def test_a_forward_that_copies_from_the_host_replays_with_its_copy(emu: gt.Emula
     for _ in range(3):
         reads(x).sum().backward()
     assert (emu.replay.recorded, emu.replay.replayed) == (5, 2)
+
+
+def test_an_evaluation_loop_with_grad_enabled_replays(emu: gt.Emulation) -> None:
+    model = _small().cuda().eval()
+    x, y = torch.randn(8, 3, 16, 16, device="cuda"), torch.randint(0, 10, (8,), device="cuda")
+    crit = torch.nn.CrossEntropyLoss()
+    dev = emu.devices[0]
+    busy = []
+    for _ in range(6):  # no torch.no_grad(): each call builds a graph that dies without a backward
+        torch.cuda.synchronize()
+        before = dev.busy_s()
+        loss = crit(model(x), y)
+        loss.item()
+        torch.cuda.synchronize()
+        busy.append(dev.busy_s() - before)
+    # before: the recordings waited for a backward and never finished (6, 0). Now a recording finishes when its
+    # graph dies (Note [Forwards without backward]): call N's loss lives until call N+1 replaces it, so calls 1-3
+    # record, call 2's end makes the key ready during call 3, and calls 4-6 replay what the recorded calls charged
+    assert (emu.replay.recorded, emu.replay.replayed) == (3, 3)
+    assert busy[5] == pytest.approx(busy[1], rel=1e-6)
+    del loss
+    # a later backward through a forward-only replay warns, and the key records again
+    with pytest.warns(UserWarning, match="evaluation-only"):
+        crit(model(x), y).backward()
+    assert emu.replay.replayed == 4
+    crit(model(x), y).backward()
+    assert (emu.replay.recorded, emu.replay.replayed) == (4, 4)
+
+
+def test_a_step_whose_loss_drops_the_model_output_still_records_its_backward(emu: gt.Emulation) -> None:
+    # `loss = crit(model(x), y)`: the output tensor dies at once, its graph lives until backward: not forward-only
+    model = _small().cuda()
+    x, y = torch.randn(8, 3, 16, 16, device="cuda"), torch.randint(0, 10, (8,), device="cuda")
+    rows = _train(model, x, y, 4)
+    assert (emu.replay.recorded, emu.replay.replayed) == (2, 2)
+    assert rows[3]["busy_s"] == pytest.approx(rows[2]["busy_s"], rel=1e-6)
+    rec = next(e.ready for e in emu.replay.entries[model].values() if e.ready is not None)
+    assert not rec.fwd_only and rec.bwd

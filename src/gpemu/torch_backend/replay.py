@@ -39,6 +39,7 @@ or other values than its key promised is never replayed.
 from __future__ import annotations
 
 import os
+import warnings
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -117,6 +118,8 @@ class Recording:
     copy_sources: set[int] = field(default_factory=set)  # the emulated tensors those copies made
     fwd_segments: list[tuple[list[Chunk], tuple[Any, ...] | None]] = field(default_factory=list)
     n_params: int = 0
+    fwd_only: bool = False  # its graph died without a backward: Note [Forwards without backward]
+    stale: bool = False  # a forward-only recording whose replay got a backward: record again
     bwd_state: bool = False  # _grads_exist when the backward started (Note [Gradient accumulation])
     bwd_peaks: dict[bool, int] = field(default_factory=dict)  # bwd_peak_bytes by bwd_state, once ready
 
@@ -255,6 +258,29 @@ def _charge_chunks(emu: Any, index: int, chunks: list[Chunk]) -> None:
         )
 
 
+# Note [Forwards without backward]: an evaluation loop that keeps grad enabled (no `torch.no_grad()`, as
+# pytorch/examples vision_transformer's) builds a graph every call and drops it without a backward, so its recording,
+# which waits for the backward that completes it, never finished and the loop never replayed. A hook on the output
+# lives as long as the output's graph (the grad_fn holds it); when the graph dies before that hook ran, the recording
+# is finished as forward-only, and two such calls under one key make it replayable like any other. That inference
+# is only made when the call has a single output that requires grad, so that every backward into the call's graph
+# passes through the hook. If a forward-only replay ever gets a backward (a key first seen in evaluation, then
+# trained), its backward kernels are not known: gpemu warns once, that step's backward charges nothing, and the key
+# records again.
+class _Sentinel:
+    """An object whose death says that the autograd graph holding it died."""
+
+    __slots__ = ("__weakref__",)
+
+
+def _warn_fwd_only(replayer: Any) -> None:
+    if replayer is not None and not replayer.warned_fwd_only:
+        replayer.warned_fwd_only = True
+        warnings.warn("gpemu: a forward replayed as evaluation-only (its recorded calls had no backward) got a "
+                      "backward; that backward's kernels were not charged, and later calls record again "
+                      "(Note [Forwards without backward] in replay.py)", stacklevel=3)
+
+
 class _Held:
     """Owner of replayed activation memory: freed after backward, or when the autograd graph dies."""
 
@@ -309,6 +335,9 @@ class _ReplayFn(torch.autograd.Function):
         index = rec.index
         alloc = emu.devices[index].allocator
         stream_id = emu.current_stream(index).stream_id
+        if rec.fwd_only:  # See Note [Forwards without backward]
+            _warn_fwd_only(emu.replay)
+            rec.stale = True
         _charge_chunks(emu, index, rec.bwd_chunks)
         needs: tuple[bool, ...] = ctx.needs_input_grad[2:]
         direct: tuple[torch.nn.Parameter, ...] | None = ctx.direct
@@ -414,6 +443,7 @@ class Replayer:
             weakref.WeakKeyDictionary()
         )
         self.replayed = 0  # calls replayed (for tests and reports)
+        self.warned_fwd_only = False  # Note [Forwards without backward]
         self.recorded = 0  # calls recorded on the per-op path
         self._sink: list[tuple[str, float, str]] | None = None
         self._sink_rec: Recording | None = None
@@ -451,6 +481,8 @@ class Replayer:
         if entry is None:
             entry = per_module[key] = _Entry(siblings=per_module)
         params, _params_key, direct_ok = walk
+        if entry.ready is not None and entry.ready.stale:
+            entry.ready = entry.last = None
         if entry.ready is not None:
             direct = tuple(params) if direct_ok and not _distributed() else None
             with _plain_attrs():
@@ -609,10 +641,22 @@ class Replayer:
         if grad_out is None or not torch.is_grad_enabled():
             self._finish(entry, rec)
         elif rec.ok:
-            grad_out.register_hook(self._bwd_hook(entry, rec, device, params))
+            hook = self._bwd_hook(entry, rec, device, params)
+            if sum(1 for t in leaves if t.requires_grad) == 1:  # See Note [Forwards without backward]
+                weakref.finalize(hook.sentinel, self._graph_dropped, entry, rec)  # type: ignore[attr-defined]
+            grad_out.register_hook(hook)
         return out
 
+    def _graph_dropped(self, entry: _Entry, rec: Recording) -> None:
+        """The graph of a recorded forward died: without a backward, finish it as a forward-only recording."""
+        if rec.bwd_started or rec.done or not rec.ok:
+            return
+        rec.fwd_only = True
+        self._finish(entry, rec)
+
     def _bwd_hook(self, entry: _Entry, rec: Recording, device: Any, params: list[torch.nn.Parameter]) -> Any:
+        sentinel = _Sentinel()  # lives as long as the hook, i.e. the graph (Note [Forwards without backward])
+
         def hook(grad: torch.Tensor) -> None:
             if rec.bwd_started or self._sink is not None:
                 rec.ok = False
@@ -631,6 +675,7 @@ class Replayer:
 
             torch.autograd.Variable._execution_engine.queue_callback(close)
 
+        hook.sentinel = sentinel  # type: ignore[attr-defined]
         return hook
 
     def _finish(self, entry: _Entry, rec: Recording) -> None:
