@@ -263,7 +263,8 @@ def _charge_chunks(emu: Any, index: int, chunks: list[Chunk]) -> None:
 # which waits for the backward that completes it, never finished and the loop never replayed. A hook on the output
 # lives as long as the output's graph (the grad_fn holds it); when the graph dies before that hook ran, the recording
 # is finished as forward-only, and two such calls under one key make it replayable like any other. That inference
-# is only made when the call has a single output that requires grad, so that every backward into the call's graph
+# is only made in eval mode (a training-mode forward updates buffers such as batch norm's counters, which a replay
+# does not) and when the call has a single output that requires grad, so that every backward into the call's graph
 # passes through the hook. If a forward-only replay ever gets a backward (a key first seen in evaluation, then
 # trained), its backward kernels are not known: gpemu warns once, that step's backward charges nothing, and the key
 # records again.
@@ -642,7 +643,7 @@ class Replayer:
             self._finish(entry, rec)
         elif rec.ok:
             hook = self._bwd_hook(entry, rec, device, params)
-            if sum(1 for t in leaves if t.requires_grad) == 1:  # See Note [Forwards without backward]
+            if not module.training and sum(1 for t in leaves if t.requires_grad) == 1:  # Note [Forwards without backward]
                 weakref.finalize(hook.sentinel, self._graph_dropped, entry, rec)  # type: ignore[attr-defined]
             grad_out.register_hook(hook)
         return out
