@@ -229,6 +229,7 @@ class PhaseTracker:
         self.phase = "setup"
         self.top: torch.nn.Module | None = None
         self.key: tuple[str, int, str, str] | None = None  # (workload, batch size, dtype, memory format) of a step
+        self.fp32_modes = (False, True)  # torch's TF32 flags at the last top-module call: Note [FP32 math modes]
         self.sums: dict[str, float] = {"forward": 0.0, "backward": 0.0}
         self.prev: dict[tuple[str, int, str, str, str], float] = {}
         self.scale: float | None = None
@@ -281,7 +282,9 @@ class PhaseTracker:
             return  # inside backward: activation checkpointing's recomputation (Note [Modules called in backward])
         from gpemu.torch_backend.tensor import EmuTensor, check_fp32_modes
 
-        check_fp32_modes()  # cached op costs follow the TF32 flags (Note [FP32 math modes] in cost/roofline.py)
+        # cached op costs follow the TF32 flags, and so does the step's phase key (Note [FP32 math modes] in
+        # cost/roofline.py)
+        self.fp32_modes = check_fp32_modes()
 
         batch = next((a for a in args if isinstance(a, EmuTensor)), None)
         if batch is None and pending is not None and pending[0] is module:  # See Note [Keyword inputs]
@@ -312,9 +315,7 @@ class PhaseTracker:
         amp = emu.autocast_dtype() if emu is not None else None
         dtype = "fp32" if amp is None else "amp_bf16" if amp == torch.bfloat16 else "amp"
         if amp is None and emu is not None and emu.devices[batch._index].spec.peak_tflops.get("tf32", 0.0):
-            from gpemu.cost.roofline import fp32_math_modes
-
-            matmul_tf32, conv_tf32 = fp32_math_modes()  # See Note [FP32 math modes] in cost/roofline.py
+            matmul_tf32, conv_tf32 = self.fp32_modes  # read by _pre for this call
             if not conv_tf32:
                 return None  # no phase prediction prices IEEE fp32 convolutions: per op
             if matmul_tf32:
