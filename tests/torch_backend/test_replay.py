@@ -390,3 +390,70 @@ def test_a_step_whose_loss_drops_the_model_output_still_records_its_backward(emu
     assert rows[3]["busy_s"] == pytest.approx(rows[2]["busy_s"], rel=1e-6)
     rec = next(e.ready for e in emu.replay.entries[model].values() if e.ready is not None)
     assert not rec.fwd_only and rec.bwd
+
+
+def _sum_step(model: torch.nn.Module, x: torch.Tensor) -> None:
+    model(x).sum().backward()
+
+
+def test_changes_after_replay_starts_are_seen_by_the_cached_walk(emu: gt.Emulation) -> None:
+    # Note [Module structure cache]: the walk of a replaying module is cached; every change below must reach replay
+    model = _small().cuda()
+    x = torch.randn(8, 3, 16, 16, device="cuda")
+    for _ in range(3):  # calls 1-2 record, 3 replays
+        _sum_step(model, x)
+        model.zero_grad()
+    assert emu.replay.replayed == 1
+    # a module hook registered now: the next calls run per op and the hook sees each; removed: replay resumes
+    seen: list[int] = []
+    handle = model[2].register_forward_hook(lambda m, a, o: seen.append(1))
+    _sum_step(model, x)
+    assert emu.replay.replayed == 1 and seen == [1]
+    handle.remove()
+    _sum_step(model, x)
+    assert emu.replay.replayed == 2
+    # a parameter replaced by assignment: the replayed backward gives the new one its gradient, not the old one
+    old = model[4].weight
+    model[4].weight = torch.nn.Parameter(torch.zeros_like(old))
+    model.zero_grad()
+    old.grad = None  # from the steps above
+    for _ in range(3):  # the parameter set changed: a new key, whose first recording runs the ready recording's
+        _sum_step(model, x)  # ops in the same order, so is ready at once (Note [New shapes]): 1 recorded, 2 replayed
+    assert emu.replay.replayed == 4
+    assert model[4].weight.grad is not None and old.grad is None
+    # a frozen parameter (requires_grad is read per call): no gradient appears on it
+    model.zero_grad()
+    model[0].weight.requires_grad_(False)
+    for _ in range(3):  # a new key again (1 recorded, ready at once as above, 2 replayed)
+        _sum_step(model, x)
+    assert emu.replay.replayed == 6 and model[0].weight.grad is None and model[0].bias.grad is not None
+
+
+def test_a_submodule_switched_to_eval_is_a_new_key(emu: gt.Emulation) -> None:
+    # freezing batch norm statistics (`model.bn.eval()` while the model trains) changes the ops a forward runs
+    model = _small().cuda()
+    x = torch.randn(8, 3, 16, 16, device="cuda")
+    for _ in range(3):
+        _sum_step(model, x)
+    assert emu.replay.replayed == 1
+    counter = model[1].num_batches_tracked
+    model[1].eval()
+    _sum_step(model, x)  # per op: eval-mode batch norm, no counter update
+    assert emu.replay.replayed == 1
+    model[1].train()
+    _sum_step(model, x)  # the training key again: its recording is still ready
+    assert emu.replay.replayed == 2 and model[1].num_batches_tracked is counter
+
+
+def test_a_gradient_hook_added_after_replay_starts_runs(emu: gt.Emulation) -> None:
+    model = _small().cuda()
+    x = torch.randn(8, 3, 16, 16, device="cuda")
+    for _ in range(3):
+        _sum_step(model, x)
+        model.zero_grad()
+    assert emu.replay.replayed == 1
+    seen: list[bool] = []
+    model[0].weight.register_hook(lambda g: seen.append(g is not None) or None)
+    _sum_step(model, x)  # the cached walk is dropped: the hooked parameter's gradient goes through the engine
+    assert emu.replay.replayed == 2 and seen == [True]  # the hook got the gradient (not None: Note [Direct gradients])
+    assert "_own" not in model[0].weight.grad.__dict__  # built by the engine, not as a block

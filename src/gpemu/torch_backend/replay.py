@@ -38,6 +38,7 @@ or other values than its key promised is never replayed.
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 import weakref
@@ -850,23 +851,106 @@ def _neutral_hook(hook: Any) -> bool:
     return (package, getattr(hook, "__name__", "")) in _NEUTRAL_HOOKS
 
 
+# Note [Module structure cache]: which parameters a top module has, whether a module or parameter hook could observe
+# it, and which submodules are in training mode decide replay, and finding out walks every submodule (resnet50: 161
+# modules, ~0.3 ms, a tenth of a replayed step). The walk's answer is cached per top module and trusted while the
+# structure generation below is unchanged. gpemu bumps it on every way torch offers to change that answer while
+# installed: Module.__setattr__ of a parameter, module, None or `training` (train()/eval() go through it),
+# __delattr__, register_parameter, add_module/register_module, _apply (.to()/.cuda()/.half() may replace parameter
+# objects), module hook registration, tensor hook registration and the removal of any hook (RemovableHandle.remove).
+# requires_grad is a C attribute that no Python patch sees, so it is read per call (one list over the parameters).
+# Not seen: writes straight into a module's `_parameters` / `_modules` / hook dicts after the first forward (torch's
+# own utilities go through the methods above); GPEMU_REPLAY=0 is the way out for code that does that.
+_structure_gen = 0
+
+
+def structure_changed() -> None:
+    """Invalidate every cached module walk (Note [Module structure cache])."""
+    global _structure_gen
+    _structure_gen += 1
+
+
+_STRUCTURAL_ATTRS = frozenset({"training"})
+
+
+def patch_structure_changes(patcher: Any) -> None:
+    """Make the ways of changing a module's parameters, submodules, training flags or hooks bump the structure
+    generation, through `patcher` (Note [Module structure cache])."""
+    module_cls = torch.nn.Module
+    orig_setattr = module_cls.__setattr__
+
+    def __setattr__(self: torch.nn.Module, name: str, value: Any) -> None:
+        orig_setattr(self, name, value)
+        if (name in _STRUCTURAL_ATTRS or isinstance(value, (torch.nn.Module, torch.nn.Parameter))
+                or name in self._parameters or name in self._modules):  # (None over a parameter or a module too)
+            structure_changed()
+
+    patcher.set(module_cls, "__setattr__", __setattr__)
+
+    def bumping(fn: Any) -> Any:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                structure_changed()
+
+        return wrapper
+
+    for name in ("__delattr__", "register_parameter", "add_module", "register_module", "_apply",
+                 "register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
+                 "register_full_backward_pre_hook", "register_backward_hook"):
+        patcher.set(module_cls, name, bumping(getattr(module_cls, name)))
+    for name in ("register_hook", "register_post_accumulate_grad_hook"):
+        patcher.set(torch.Tensor, name, bumping(getattr(torch.Tensor, name)))
+    handle_cls = torch.utils.hooks.RemovableHandle
+    patcher.set(handle_cls, "remove", bumping(handle_cls.remove))
+    structure_changed()  # what changed while gpemu was not installed was not counted
+
+
+@dataclass
+class _Structure:
+    """One cached walk of a top module (Note [Module structure cache]): None fields when it must not replay."""
+
+    gen: int
+    params: list[torch.nn.Parameter] | None
+    key: tuple[Any, ...]  # parameter ids and submodule training flags
+    hook_free: bool
+
+
+_structures: weakref.WeakKeyDictionary[torch.nn.Module, _Structure] = weakref.WeakKeyDictionary()
+
+
 def _walk(module: torch.nn.Module) -> tuple[list[torch.nn.Parameter], tuple[Any, ...], bool] | None:
     """Return (module.parameters() as a list, their part of the replay key, whether no parameter has a gradient
     hook: Note [Direct gradients]), or None when the module has no parameters or a module hook (other than gpemu's
-    phase hooks) could observe its forward/backward. One walk over the submodules (module.parameters() would walk
-    them again, and the key and the hook check would each loop over the parameters once more)."""
+    phase hooks) could observe its forward/backward. The structure comes from the cache while nothing changed it
+    (Note [Module structure cache]); requires_grad is read on every call."""
     m = _nn_module
     if m._global_backward_hooks or m._global_backward_pre_hooks:
         return None
     if len(m._global_forward_hooks) > 1 or len(m._global_forward_pre_hooks) > 1:
         return None
+    got = _structures.get(module)
+    if got is None or got.gen != _structure_gen:
+        got = _structures[module] = _walk_structure(module)
+    params = got.params
+    if params is None:
+        return None
+    return params, (got.key, tuple([p.requires_grad for p in params])), got.hook_free
+
+
+def _walk_structure(module: torch.nn.Module) -> _Structure:
+    """Walk the submodules once: parameters in module.parameters()' order, ids, training flags and hooks."""
+    gen = _structure_gen
     params: list[torch.nn.Parameter] = []
-    key: list[Any] = []  # id and requires_grad per parameter, flat
+    key: list[Any] = []  # id per parameter, then training flag per module
     seen: set[int] = set()
     hook_free = True
     # module.modules()' pre-order and de-duplication, without named_modules' prefix strings
     stack = [module]
     visited: set[int] = set()
+    training: list[bool] = []
     while stack:
         sub = stack.pop()
         if id(sub) in visited:
@@ -875,21 +959,21 @@ def _walk(module: torch.nn.Module) -> tuple[list[torch.nn.Parameter], tuple[Any,
         if (sub._forward_hooks or sub._forward_pre_hooks or sub._backward_hooks or sub._backward_pre_hooks) and (
                 sub._forward_pre_hooks or sub._backward_hooks or sub._backward_pre_hooks
                 or not all(_neutral_hook(h) for h in sub._forward_hooks.values())):
-            return None
+            return _Structure(gen, None, (), False)
+        training.append(sub.training)
         for p in sub._parameters.values():  # the order and de-duplication of module.parameters()
             if p is not None and id(p) not in seen:
                 seen.add(id(p))
                 params.append(p)
                 key.append(id(p))
-                key.append(p.requires_grad)
                 if hook_free and (p._backward_hooks or p._post_accumulate_grad_hooks):
                     hook_free = False
         children = sub._modules
         if children:
             stack.extend([c for c in reversed(children.values()) if c is not None])
     if not params:
-        return None
-    return params, tuple(key), hook_free
+        return _Structure(gen, None, (), False)
+    return _Structure(gen, params, (tuple(key), tuple(training)), hook_free)
 
 
 def _replays_inside(top: torch.nn.Module, module: torch.nn.Module) -> bool:
@@ -931,3 +1015,4 @@ def patch_module_call(emu: Any, patcher: Any) -> None:
         return rp.call(orig, self, args, kwargs)
 
     patcher.set(torch.nn.Module, "__call__", __call__)
+    patch_structure_changes(patcher)
