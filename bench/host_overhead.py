@@ -11,6 +11,12 @@ CPU divided by the ops the per-op step dispatches (the ops the step stands for);
 --queue-depth N sets the emulated launch-queue depth (default: the device's, 1024): a depth the steps never fill
 (e.g. 1000000) means the host never sleeps on a full queue, which on a shared VM slows the CPU work after each sleep;
 a diagnosis setting that separates the emulator's CPU from that effect, not how a GPU behaves.
+The "never full" column repeats the replay run with a launch queue the steps never fill (as --queue-depth 1000000):
+the emulator's own CPU with no sleep before it. Two host figures follow the table, to read it by: how much slower a
+fixed piece of Python runs right after a 5 ms sleep than back to back on this host (the default-queue replay column
+sleeps once or more per GPU-bound step, and the CPU work after each sleep pays that), and the floor of the design:
+the CPU per dispatched op of a tensor subclass whose `__torch_dispatch__` does no work at all (it returns a premade
+wrapper), with autograd, i.e. what torch itself spends per op before gpemu does anything.
 --phases also prints, per model and path, the CPU of each part of a step (forward, loss, backward, optimizer step,
 zero_grad; without host_wait), the minimum over the measured steps.
 """
@@ -127,6 +133,68 @@ def measure(name: str, steps: int, batch_size: int, replay: bool, queue_depth: i
         gt.uninstall()
 
 
+NEVER_FULL = 10**9  # a launch-queue depth no step fills
+
+
+def post_sleep_slowdown(repeats: int = 200) -> float:
+    """Return how many times slower a fixed ~0.1 ms piece of Python runs right after a 5 ms sleep than back to back
+    (medians of `repeats`): on a shared VM the CPU work that follows a sleep is slower (cold caches, clock)."""
+
+    def work() -> int:
+        total = 0
+        for i in range(3000):
+            total += i * i
+        return total
+
+    def median_after(before: Any) -> float:
+        times = []
+        for _ in range(repeats):
+            before()
+            c0 = time.process_time_ns()
+            work()
+            times.append(time.process_time_ns() - c0)
+        return sorted(times)[len(times) // 2]
+
+    return median_after(lambda: time.sleep(0.005)) / median_after(lambda: None)
+
+
+class _Inert(torch.Tensor):
+    """A wrapper subclass whose __torch_dispatch__ does no work: the floor of any __torch_dispatch__ design."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
+    dispatched = 0
+
+    @staticmethod
+    def __new__(cls, shape: tuple[int, ...]) -> _Inert:
+        return torch.Tensor._make_wrapper_subclass(cls, shape, dtype=torch.float32, device=torch.device("meta"))  # type: ignore[no-any-return]
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:  # type: ignore[override]
+        _Inert.dispatched += 1
+        if func is torch.ops.aten.sum.default:
+            return _Inert(())
+        if func is torch.ops.aten.expand.default:
+            return _Inert(tuple(args[1]))
+        return _Inert(tuple(args[0].shape))  # elementwise ops and their gradients: the first argument's shape
+
+
+def dispatch_floor_us(iters: int = 2000) -> float:
+    """Return host CPU us per dispatched op of _Inert over a small forward + backward (x*y+x, *2, sum)."""
+    x, y = _Inert((32, 1000)).requires_grad_(), _Inert((32, 1000)).requires_grad_()
+
+    def body() -> None:
+        ((x * y + x) * 2.0).sum().backward(_Inert(()))
+        x.grad = y.grad = None
+
+    for _ in range(50):
+        body()
+    _Inert.dispatched = 0
+    c0 = time.process_time()
+    for _ in range(iters):
+        body()
+    return (time.process_time() - c0) / _Inert.dispatched * 1e6
+
+
 def main() -> None:
     """Print the table."""
     p = argparse.ArgumentParser()
@@ -136,9 +204,9 @@ def main() -> None:
     p.add_argument("--phases", action="store_true", help="also print each part of a step's CPU (min ms)")
     args = p.parse_args()
     parts: dict[str, list[float]] = {}
-    print(f"{'':<12} {'':>8} | {'per-op path: ms/step':^26} | {'replay: ms/step':^26} |")
+    print(f"{'':<12} {'':>8} | {'per-op path: ms/step':^26} | {'replay: ms/step':^26} | {'never full':^12} |")
     print(f"{'model':<12} {'ops/step':>8} | {'total':>6} {'excl':>6} {'us/op':>5} {'excl':>5} |"
-          f" {'total':>6} {'excl':>6} {'us/op':>5} {'excl':>5} | {'ops':>5} {'speedup':>7}")
+          f" {'total':>6} {'excl':>6} {'us/op':>5} {'excl':>5} | {'excl':>5} {'us/op':>6} | {'ops':>5} {'speedup':>7}")
     for name in ("resnet18", "resnet50", "transformer"):
         per_op_parts: list[float] | None = [] if args.phases else None
         replay_parts: list[float] | None = [] if args.phases else None
@@ -146,11 +214,16 @@ def main() -> None:
             parts[f"{name} per-op"], parts[f"{name} replay"] = per_op_parts, replay_parts
         ms, ms_x, ops = measure(name, args.steps, args.batch_size, False, args.queue_depth, per_op_parts)
         rms, rms_x, rops = measure(name, args.steps, args.batch_size, True, args.queue_depth, replay_parts)
+        _nms, nms_x, _nops = measure(name, args.steps, args.batch_size, True, NEVER_FULL)
         print(f"{name:<12} {ops:>8} | {ms:>6.1f} {ms_x:>6.1f} {ms / ops * 1e3:>5.1f} {ms_x / ops * 1e3:>5.1f} |"
-              f" {rms:>6.2f} {rms_x:>6.2f} {rms / ops * 1e3:>5.1f} {rms_x / ops * 1e3:>5.1f} | {rops:>5}"
-              f" {ms_x / rms_x:>6.1f}x")
+              f" {rms:>6.2f} {rms_x:>6.2f} {rms / ops * 1e3:>5.1f} {rms_x / ops * 1e3:>5.1f} |"
+              f" {nms_x:>5.2f} {nms_x / ops * 1e3:>6.1f} | {rops:>5} {ms_x / rms_x:>6.1f}x")
     print("excl = without CPU inside EmulatedGPU.host_wait (sync spinning). Targets apply to excl:"
           " <= 25 us/op per op, <= 2 ms/step with replay")
+    print(f"host: Python runs {post_sleep_slowdown():.2f}x slower right after a 5 ms sleep than back to back"
+          " (the default-queue replay steps sleep on a full launch queue; 'never full' does not)")
+    print(f"floor: a __torch_dispatch__ subclass doing no work costs {dispatch_floor_us():.1f} us of host CPU per"
+          " dispatched op here (torch's own dispatch and autograd)")
     if args.phases:
         print(f"\n{'min ms per part (excl)':<22} " + " ".join(f"{p:>9}" for p in PHASES))
         for label, values in parts.items():
