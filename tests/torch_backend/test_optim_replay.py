@@ -79,3 +79,22 @@ def test_a_changed_parameter_set_is_recorded_again(emu: gt.Emulation) -> None:
     model[2].weight.requires_grad_(False)  # fine-tuning style freeze: that parameter gets no gradient any more
     _train(model, opt, 1)
     assert optim_replay.replayed_steps == before  # a new key: recorded, not replayed
+
+
+def test_zero_grad_frees_emulated_gradients_and_leaves_other_parameters_alone(emu: gt.Emulation) -> None:
+    model = _model()
+    cpu = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.SGD([*model.parameters()], lr=0.1)
+    model(torch.randn(32, 256, device="cuda")).sum().backward()
+    alloc = emu.devices[0].allocator
+    with_grads = alloc.memory_allocated()
+    opt.zero_grad()  # every parameter emulated: the fast path (Note [Tensor attributes from Python])
+    assert all(p.grad is None for p in model.parameters())
+    # gradients of 256x256 + 256 + 10x256 + 10 floats = (65536 + 256 + 2560 + 10) * 4 bytes, each rounded up to a
+    # multiple of 512: 262144 + 1024 + 10240 + 512 = 273920 bytes freed
+    assert with_grads - alloc.memory_allocated() == 273920
+    mixed = torch.optim.SGD([cpu, *model.parameters()], lr=0.1)  # a CPU parameter: torch's own path
+    cpu.grad = torch.full((3,), 2.0)
+    model(torch.randn(32, 256, device="cuda")).sum().backward()
+    mixed.zero_grad(set_to_none=False)
+    assert torch.equal(cpu.grad, torch.zeros(3)) and all(p.grad is not None for p in model.parameters())

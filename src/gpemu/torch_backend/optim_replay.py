@@ -177,10 +177,28 @@ def _subclasses(cls: type) -> list[type]:
     return out
 
 
+def _plain_zero_grad(zero_grad: Callable[..., Any]) -> Callable[..., Any]:
+    """Return Optimizer.zero_grad run under DisableTorchFunctionSubclass when every parameter is an EmuTensor: its
+    `p.grad` reads and writes skip the `__torch_function__` look-up EmuTensor disables anyway (Note [Tensor
+    attributes from Python] in replay.py; resnet50: 322 of them a step). Parameters of any other type (a subclass
+    with its own __torch_function__) keep torch's path."""
+
+    @functools.wraps(zero_grad)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if all(set(map(type, group["params"])) <= _EMU_TYPES for group in self.param_groups):
+            with _plain_attrs():
+                return zero_grad(self, *args, **kwargs)
+        return zero_grad(self, *args, **kwargs)
+
+    return wrapper
+
+
 def apply(patcher: Any) -> None:
     """Make optimizer classes replay their steady-state steps, through `patcher`: classes torch hooks from now on,
     and classes it already hooked (their step is re-wrapped around the original function)."""
     from torch.optim.optimizer import Optimizer
+
+    patcher.set(Optimizer, "zero_grad", _plain_zero_grad(Optimizer.zero_grad))
 
     original = Optimizer.profile_hook_step
 
