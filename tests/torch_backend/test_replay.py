@@ -457,3 +457,16 @@ def test_a_gradient_hook_added_after_replay_starts_runs(emu: gt.Emulation) -> No
     _sum_step(model, x)  # the cached walk is dropped: the hooked parameter's gradient goes through the engine
     assert emu.replay.replayed == 2 and seen == [True]  # the hook got the gradient (not None: Note [Direct gradients])
     assert "_own" not in model[0].weight.grad.__dict__  # built by the engine, not as a block
+
+
+def test_parameters_moved_to_channels_last_record_again(emu: gt.Emulation) -> None:
+    # Module._apply keeps the parameter objects (`p.data = ...`) but changes their strides: the convolution then runs
+    # in another layout at another cost, so the NCHW recording must not be replayed for it
+    model = _small().cuda()
+    x = torch.randn(8, 3, 16, 16, device="cuda")
+    for _ in range(3):
+        _sum_step(model, x)
+    assert emu.replay.replayed == 1
+    model.to(memory_format=torch.channels_last)
+    _sum_step(model, x)  # a new key: recorded per op, not replayed
+    assert emu.replay.replayed == 1
