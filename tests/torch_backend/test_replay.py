@@ -470,3 +470,48 @@ def test_parameters_moved_to_channels_last_record_again(emu: gt.Emulation) -> No
     model.to(memory_format=torch.channels_last)
     _sum_step(model, x)  # a new key: recorded per op, not replayed
     assert emu.replay.replayed == 1
+
+
+def _detached_model(emu: gt.Emulation, input_grad: bool = False) -> tuple[
+        torch.nn.Module, torch.Tensor, list[torch.nn.Parameter]]:
+    """A model whose replays leave the parameters out of the Function's arguments (Note [Detached parameters])."""
+    model = _small().cuda()
+    x = torch.randn(8, 3, 16, 16, device="cuda", requires_grad=input_grad)
+    for _ in range(3):  # calls 1-2 record, call 3 replays with the parameters as arguments and is a plain backward
+        _sum_step(model, x)
+        model.zero_grad()
+    assert emu.replay.replayed == 1
+    return model, x, list(model.parameters())
+
+
+def test_replays_after_a_plain_backward_leave_the_parameters_out_of_the_graph(emu: gt.Emulation) -> None:
+    model, x, params = _detached_model(emu)
+    out = model(x)
+    # edges: the token's accumulator and x's (none: x does not require grad); no edge to the 6 parameters'
+    # accumulators, which the first replay had
+    assert [n.name() if n is not None else None for n, _ in out.grad_fn.next_functions] == [
+        "torch::autograd::AccumulateGrad", None]
+    out.sum().backward()
+    assert emu.replay.replayed == 2
+    assert all(p.grad is not None and p.grad.shape == p.shape for p in params)  # a plain backward: every .grad
+
+
+def test_backward_inputs_and_autograd_grad_reach_detached_parameters(emu: gt.Emulation) -> None:
+    model, x, params = _detached_model(emu, input_grad=True)
+    x.grad = None
+    model(x).sum().backward(inputs=[x])  # only the input: no parameter gradient is built
+    assert x.grad is not None and x.grad.shape == x.shape and all(p.grad is None for p in params)
+    model(x).sum().backward(inputs=[params[0], params[4]])  # two parameters the graph reaches only through the token
+    assert params[0].grad is not None and params[4].grad is not None
+    assert all(params[i].grad is None for i in (1, 2, 3, 5))
+    model.zero_grad()
+    loss = model(x).sum()
+    gx, g0, g5 = torch.autograd.grad(loss, [x, params[0], params[5]], retain_graph=True)
+    assert (gx.shape, g0.shape, g5.shape) == (x.shape, params[0].shape, params[5].shape)
+    assert all(p.grad is None for p in params)  # autograd.grad never touches .grad
+    unrelated = torch.zeros(3, device="cuda", requires_grad=True)
+    with pytest.raises(RuntimeError, match="appears to not have been used in the graph"):
+        torch.autograd.grad(loss, [params[1], unrelated], retain_graph=True)
+    g1, none = torch.autograd.grad(loss, [params[1], unrelated], allow_unused=True)
+    assert g1.shape == params[1].shape and none is None
+    assert emu.replay.replayed == 4  # the set-up's replay and the 3 calls above: all replayed
