@@ -913,14 +913,20 @@ def patch_engine_inputs(patcher: Any) -> None:
         inputs = bound.get("inputs") or ()
         ids = {id(t) for t in inputs if isinstance(t, torch.Tensor)}
         dets = [d for d in list(_live_detached) if any(id(p) in ids for p in d.params)] if ids else []
+        previous = _rescue.requested, _rescue.capture
         if not dets:
-            return orig(t_outputs, *args, **kwargs)
+            if previous == (None, None):
+                return orig(t_outputs, *args, **kwargs)
+            _rescue.requested = _rescue.capture = None  # an engine run nested in a rescued one asks nothing of it
+            try:
+                return orig(t_outputs, *args, **kwargs)
+            finally:
+                _rescue.requested, _rescue.capture = previous
         requested = {id(p) for d in dets for p in d.params} & ids
         accumulate = bool(bound.get("accumulate_grad", False))
         allow = bool(bound.get("allow_unreachable", False))
         bound["inputs"] = (*inputs, *(d.token for d in dets))
         bound["allow_unreachable"] = True
-        previous = _rescue.requested, _rescue.capture
         _rescue.requested, _rescue.capture = requested, (None if accumulate else {})
         try:
             result = orig(t_outputs, bound.pop("grad_tensors"), bound.pop("keep_graph"), bound.pop("create_graph"),
