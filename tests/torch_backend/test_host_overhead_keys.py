@@ -111,3 +111,41 @@ def test_block_wrappers_share_allocations_until_the_last_dies(emu: gt.Emulation)
     del view
     assert alloc.memory_allocated() == before
     assert alloc.memory_stats()["allocation.all.current"] == n_alloc
+
+
+def test_a_cached_foreach_list_output_is_built_as_block_wrappers(emu: gt.Emulation) -> None:
+    # Note [Foreach outputs]: 12 gradients -> 12 norms; the second call is an op-cache hit and builds them as blocks
+    alloc = emu.devices[0].allocator
+    grads = [torch.zeros(100 + i, device="cuda") for i in range(12)]
+    first = torch._foreach_norm(grads)
+    del first
+    before = alloc.memory_allocated()
+    norms = torch._foreach_norm(grads)
+    assert all("_own" in n.__dict__ and "_elem" not in n.__dict__ for n in norms)
+    assert [n.shape for n in norms] == [()] * 12 and norms[0].dtype == torch.float32
+    # a 4-byte scalar takes a 512-byte block either way: 12 x 512 = 6144 bytes, one small-pool pack
+    assert alloc.memory_allocated() - before == 12 * 512
+    total = torch.stack(norms)  # an op on them builds their meta tensors on first use
+    assert total.shape == (12,)
+    del norms
+    assert alloc.memory_allocated() - before == 512  # only the stacked 48 bytes -> 512 are left
+    short = torch._foreach_norm(grads[:3])  # under 8 outputs: one by one
+    assert not any("_own" in n.__dict__ for n in short)
+
+
+def test_grad_scaler_unscale_leaves_gradients_unwrapped(emu: gt.Emulation) -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2)).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cuda")
+    x = torch.randn(4, 8, device="cuda")
+    for _ in range(4):  # calls 1-2 record, 3-4 replay: gradients are block wrappers without meta tensors
+        scaler.scale(model(x).sum()).backward()
+        scaler.unscale_(opt)
+        grads = [p.grad for p in model.parameters()]
+        scaler.step(opt)
+        scaler.update()
+        if emu.replay.replayed:
+            assert all("_own" in g.__dict__ and "_elem" not in g.__dict__ for g in grads)
+        del grads
+        opt.zero_grad()
+    assert emu.replay.replayed == 2 and scaler.get_scale() == 65536.0  # finite gradients: the scale is unchanged

@@ -15,6 +15,7 @@ from gpemu.torch_backend import tensor as _tensor_mod
 from gpemu.torch_backend.tensor import (
     META,
     EmuTensor,
+    _first_index,
     call_meta,
     charge,
     op_cost_s,
@@ -776,9 +777,15 @@ def _repeat_interleave(func: Any, args: Any, kwargs: Any) -> Any:
 
 def _inplace_noop(func: Any, args: Any, kwargs: Any) -> Any:
     """Ops with no meta kernel that only update tensors in place (AMP bookkeeping): charge a tiny kernel."""
+    if not isinstance(args[0], torch.Tensor):
+        # a list of tensors (GradScaler.unscale_ over every gradient): only the device is needed, and unwrapping
+        # would build each replayed gradient's meta tensor (Note [Block wrappers] in tensor.py; BERT: ~2 ms a step)
+        index = _first_index(args)
+        charge(index if index is not None else state.require().current_device(), func, 2e-6)
+        return None
     _uargs, _ukwargs, index, wrappers = unwrap_all(args, kwargs)
     charge(index, func, 2e-6)
-    return wrap_outputs(args[0], index, wrappers, func) if isinstance(args[0], torch.Tensor) else None
+    return wrap_outputs(args[0], index, wrappers, func)
 
 
 def _amp_update_scale(func: Any, args: Any, kwargs: Any) -> Any:
@@ -872,6 +879,10 @@ def propagate_known(func: Any, args: Any, kwargs: Any, out: Any) -> bool:
     for a in args:  # the common case first: a model's tensors are unknown, and the first one settles it
         if type(a) is EmuTensor:
             if id(a) not in _known or a.requires_grad:
+                return False
+            break
+        if type(a) is list and a and type(a[0]) is EmuTensor:  # a foreach list: every element must be known
+            if id(a[0]) not in _known or a[0].requires_grad:
                 return False
             break
     if not _propagates(func):
