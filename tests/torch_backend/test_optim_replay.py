@@ -98,3 +98,21 @@ def test_zero_grad_frees_emulated_gradients_and_leaves_other_parameters_alone(em
     model(torch.randn(32, 256, device="cuda")).sum().backward()
     mixed.zero_grad(set_to_none=False)
     assert torch.equal(cpu.grad, torch.zeros(3)) and all(p.grad is not None for p in model.parameters())
+
+
+def test_a_step_given_closure_none_is_replayed(emu: gt.Emulation) -> None:
+    # accelerate's AcceleratedOptimizer (transformers Trainer) steps through GradScaler.step(optimizer, None)
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cuda")
+    x = torch.randn(32, 256, device="cuda")
+    before = optim_replay.replayed_steps
+    for _ in range(6):
+        scaler.scale(model(x).sum()).backward()
+        scaler.step(opt, None)
+        scaler.update()
+        opt.zero_grad()
+    # step 1 allocates the moments, steps 2-3 record the same ops, steps 4-6 replay
+    assert optim_replay.replayed_steps - before == 3
+    assert optim_replay._has_arguments((lambda: 0.0,), {}) and optim_replay._has_arguments((), {"closure": min})
+    assert not optim_replay._has_arguments((), {"closure": None}) and not optim_replay._has_arguments((), {})

@@ -141,6 +141,17 @@ def _replay(optimizer: Any, entry: _Entry) -> None:
     replayed_steps += 1
 
 
+def _has_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Return True when step() got a closure (LBFGS: never replayed) or any other argument. `closure=None` passed on
+    explicitly is none: GradScaler.step(opt, None), as accelerate's AcceleratedOptimizer calls it under the
+    transformers Trainer, kept every Trainer step off the replay."""
+    if not args and not kwargs:
+        return False
+    if len(args) + len(kwargs) > 1:
+        return True
+    return (args[0] if args else kwargs.get("closure", True)) is not None
+
+
 def replaying(step: Callable[..., Any]) -> Callable[..., Any]:
     """Return an optimizer-class `step` that replays steady-state steps (see Note [Optimizer replay])."""
     if getattr(step, "_gpemu_replaying", False):
@@ -149,7 +160,7 @@ def replaying(step: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(step)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         emu = state.current_emulation()
-        if emu is None or emu.replay is None or args or kwargs:  # a closure (LBFGS) is never replayed
+        if emu is None or emu.replay is None or _has_arguments(args, kwargs):
             return step(self, *args, **kwargs)
         with _plain_attrs():  # See Note [Tensor attributes from Python] in replay.py
             key = _key(self)
