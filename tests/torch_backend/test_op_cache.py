@@ -35,3 +35,30 @@ def test_cache_hit_keeps_in_place_and_multi_output_semantics(emu: gt.Emulation) 
     assert emu.devices[0].allocator.memory_allocated() - before == 512
     del out
     assert emu.devices[0].allocator.memory_allocated() == before
+
+
+def test_fused_and_foreach_optimizer_kernels_hit_the_cache_whatever_their_float_scalars() -> None:
+    # Note [Float scalars of list ops]: a learning-rate schedule (fused AdamW's lr) and Adam's per-step bias
+    # corrections (foreach Adam's list of step sizes) change float arguments every step, not what the kernels do
+    gt.install("v100", replay=False)  # no optimizer replay: every step runs per op
+    try:
+        for kwargs in ({"fused": True}, {"foreach": True}):
+            model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2)).cuda()
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-3, **kwargs)
+            sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 / (step + 1))
+            sizes = []
+            for _ in range(4):
+                model(torch.randn(4, 8, device="cuda")).sum().backward()
+                opt.step()
+                sched.step()
+                opt.zero_grad()
+                sizes.append(len(emu_tensor._op_cache))
+            assert sizes[2] == sizes[3], kwargs  # steps 3 and 4: only hits, though lr and step sizes changed
+        add = torch.ops.aten.add.Tensor  # other ops keep exact float keys: alpha=2.0 and alpha=3.0 are two entries
+        x = torch.zeros(3, device="cuda")
+        before = len(emu_tensor._op_cache)
+        add(x, x, alpha=2.0)
+        add(x, x, alpha=3.0)
+        assert len(emu_tensor._op_cache) == before + 2
+    finally:
+        gt.uninstall()
