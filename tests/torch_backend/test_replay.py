@@ -515,3 +515,28 @@ def test_backward_inputs_and_autograd_grad_reach_detached_parameters(emu: gt.Emu
     g1, none = torch.autograd.grad(loss, [params[1], unrelated], allow_unused=True)
     assert g1.shape == params[1].shape and none is None
     assert emu.replay.replayed == 4  # the set-up's replay and the 3 calls above: all replayed
+
+
+class _LayerDrop(torch.nn.Module):
+    """Skips its second layer when a host draw says so, as transformers' LayerDrop does."""
+
+    def __init__(self, draw: str) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+        self.draw = draw
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.a(x)
+        p = {"torch": lambda: float(torch.rand([])), "random": __import__("random").random,
+             "numpy": lambda: float(__import__("numpy").random.rand())}[self.draw]()
+        return x if p < 0.5 else self.b(x)
+
+
+@pytest.mark.parametrize("draw", ["torch", "random", "numpy"])
+def test_a_forward_that_draws_host_random_numbers_never_replays(emu: gt.Emulation, draw: str) -> None:
+    # Note [Host randomness in forward]: every call may take another path, so every call runs per op
+    model = _LayerDrop(draw).cuda()
+    x = torch.randn(4, 8, device="cuda")
+    for _ in range(6):
+        model(x).sum().backward()
+    assert emu.replay.replayed == 0 and emu.replay.recorded == 6

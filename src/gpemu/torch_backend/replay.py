@@ -40,6 +40,8 @@ from __future__ import annotations
 
 import functools
 import os
+import random
+import sys
 import threading
 import warnings
 import weakref
@@ -630,6 +632,7 @@ class Replayer:
         rec.in_meta = [(tuple(t.shape), t.stride(), t.dtype) for t in (*inputs, *params)]
         rec.n_params = len(params)
         win = _Window(device)
+        rng_before = _host_rng_state()
         self._open(rec, rec.fwd, bwd=False)
         try:
             out = orig(module, *args, **kwargs)
@@ -637,7 +640,7 @@ class Replayer:
             self._close()
             end, peak = win.close()
         self.recorded += 1
-        rec.ok = rec.ok and win.clean(len(rec.fwd), rec.reads, rec.copies)
+        rec.ok = rec.ok and win.clean(len(rec.fwd), rec.reads, rec.copies) and _host_rng_state() == rng_before
         if rec.read_sources:  # reads that depended on host values: which inputs? See Note [Replay with host reads]
             self._file_reads(module, entry, rec, inputs, base, sub)
         leaves, rec.out_spec = tree_flatten(out)
@@ -760,6 +763,20 @@ class Replayer:
 # everything but the backward peak, and the ready recording keeps the peak of each state it saw; the replayed
 # backward takes the peak of the state it finds (the largest one for a state not seen) and, for a parameter whose
 # .grad exists, makes its gradient and adds it in one at a time, as AccumulateGrad does.
+
+
+# Note [Host randomness in forward]: a forward that draws host random numbers to choose its path (transformers'
+# LayerDrop: `torch.rand([]) < self.layerdrop` skips a layer; a block skipped on `random.random()`; mixup drawn with
+# numpy inside a model wrapper) runs other ops on other calls, and a replay would repeat the recorded path every
+# time. A recording whose forward moved torch's CPU generator, Python's `random` or numpy's global generator is
+# never replayed. The emulated CUDA generators are separate generators (Note [Emulated CUDA generators] in rng.py):
+# dropout and other device-side randomness leave these alone.
+def _host_rng_state() -> tuple[Any, ...]:
+    """Return the state of the host's global random generators (torch CPU, `random`, numpy when imported)."""
+    np = sys.modules.get("numpy")
+    np_state = np.random.get_state() if np is not None else None
+    return (torch.default_generator.get_state().numpy().tobytes(), random.getstate(),
+            None if np_state is None else (np_state[1].tobytes(), np_state[2]))
 
 
 def _grads_exist(params: Any) -> bool:
