@@ -396,14 +396,22 @@ def _sum_step(model: torch.nn.Module, x: torch.Tensor) -> None:
     model(x).sum().backward()
 
 
-def test_changes_after_replay_starts_are_seen_by_the_cached_walk(emu: gt.Emulation) -> None:
-    # Note [Module structure cache]: the walk of a replaying module is cached; every change below must reach replay
+def _replaying_small(emu: gt.Emulation, input_grad: bool = False) -> tuple[
+        torch.nn.Module, torch.Tensor, list[torch.nn.Parameter]]:
+    """A small model after 3 steps: calls 1-2 recorded, call 3 replayed with a plain backward, so later replays leave
+    the parameters out of the Function's arguments (Note [Detached parameters])."""
     model = _small().cuda()
-    x = torch.randn(8, 3, 16, 16, device="cuda")
-    for _ in range(3):  # calls 1-2 record, 3 replays
+    x = torch.randn(8, 3, 16, 16, device="cuda", requires_grad=input_grad)
+    for _ in range(3):  # calls 1-2 record, call 3 replays with the parameters as arguments and is a plain backward
         _sum_step(model, x)
         model.zero_grad()
     assert emu.replay.replayed == 1
+    return model, x, list(model.parameters())
+
+
+def test_changes_after_replay_starts_are_seen_by_the_cached_walk(emu: gt.Emulation) -> None:
+    # Note [Module structure cache]: the walk of a replaying module is cached; every change below must reach replay
+    model, x, _params = _replaying_small(emu)
     # a module hook registered now: the next calls run per op and the hook sees each; removed: replay resumes
     seen: list[int] = []
     handle = model[2].register_forward_hook(lambda m, a, o: seen.append(1))
@@ -431,11 +439,7 @@ def test_changes_after_replay_starts_are_seen_by_the_cached_walk(emu: gt.Emulati
 
 def test_a_submodule_switched_to_eval_is_a_new_key(emu: gt.Emulation) -> None:
     # freezing batch norm statistics (`model.bn.eval()` while the model trains) changes the ops a forward runs
-    model = _small().cuda()
-    x = torch.randn(8, 3, 16, 16, device="cuda")
-    for _ in range(3):
-        _sum_step(model, x)
-    assert emu.replay.replayed == 1
+    model, x, _params = _replaying_small(emu)
     counter = model[1].num_batches_tracked
     model[1].eval()
     _sum_step(model, x)  # per op: eval-mode batch norm, no counter update
@@ -446,12 +450,7 @@ def test_a_submodule_switched_to_eval_is_a_new_key(emu: gt.Emulation) -> None:
 
 
 def test_a_gradient_hook_added_after_replay_starts_runs(emu: gt.Emulation) -> None:
-    model = _small().cuda()
-    x = torch.randn(8, 3, 16, 16, device="cuda")
-    for _ in range(3):
-        _sum_step(model, x)
-        model.zero_grad()
-    assert emu.replay.replayed == 1
+    model, x, _params = _replaying_small(emu)
     seen: list[bool] = []
     model[0].weight.register_hook(lambda g: seen.append(g is not None) or None)
     _sum_step(model, x)  # the cached walk is dropped: the hooked parameter's gradient goes through the engine
@@ -462,30 +461,14 @@ def test_a_gradient_hook_added_after_replay_starts_runs(emu: gt.Emulation) -> No
 def test_parameters_moved_to_channels_last_record_again(emu: gt.Emulation) -> None:
     # Module._apply keeps the parameter objects (`p.data = ...`) but changes their strides: the convolution then runs
     # in another layout at another cost, so the NCHW recording must not be replayed for it
-    model = _small().cuda()
-    x = torch.randn(8, 3, 16, 16, device="cuda")
-    for _ in range(3):
-        _sum_step(model, x)
-    assert emu.replay.replayed == 1
+    model, x, _params = _replaying_small(emu)
     model.to(memory_format=torch.channels_last)
     _sum_step(model, x)  # a new key: recorded per op, not replayed
     assert emu.replay.replayed == 1
 
 
-def _detached_model(emu: gt.Emulation, input_grad: bool = False) -> tuple[
-        torch.nn.Module, torch.Tensor, list[torch.nn.Parameter]]:
-    """A model whose replays leave the parameters out of the Function's arguments (Note [Detached parameters])."""
-    model = _small().cuda()
-    x = torch.randn(8, 3, 16, 16, device="cuda", requires_grad=input_grad)
-    for _ in range(3):  # calls 1-2 record, call 3 replays with the parameters as arguments and is a plain backward
-        _sum_step(model, x)
-        model.zero_grad()
-    assert emu.replay.replayed == 1
-    return model, x, list(model.parameters())
-
-
 def test_replays_after_a_plain_backward_leave_the_parameters_out_of_the_graph(emu: gt.Emulation) -> None:
-    model, x, params = _detached_model(emu)
+    model, x, params = _replaying_small(emu)
     out = model(x)
     # edges: the token's accumulator and x's (none: x does not require grad); no edge to the 6 parameters'
     # accumulators, which the first replay had
@@ -497,7 +480,7 @@ def test_replays_after_a_plain_backward_leave_the_parameters_out_of_the_graph(em
 
 
 def test_backward_inputs_and_autograd_grad_reach_detached_parameters(emu: gt.Emulation) -> None:
-    model, x, params = _detached_model(emu, input_grad=True)
+    model, x, params = _replaying_small(emu, input_grad=True)
     x.grad = None
     model(x).sum().backward(inputs=[x])  # only the input: no parameter gradient is built
     assert x.grad is not None and x.grad.shape == x.shape and all(p.grad is None for p in params)
