@@ -523,3 +523,33 @@ def test_a_forward_that_draws_host_random_numbers_never_replays(emu: gt.Emulatio
     for _ in range(6):
         model(x).sum().backward()
     assert emu.replay.replayed == 0 and emu.replay.recorded == 6
+
+
+def test_tf32_switched_on_between_calls_is_a_new_key() -> None:
+    # an A100 runs fp32 GEMMs on CUDA cores unless TF32 is allowed (Note [FP32 math modes]): the recorded costs of
+    # one mode must not be replayed under the other
+    emu = gt.install("a100")
+    try:
+        model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Linear(1024, 1024)).cuda()
+        x = torch.randn(256, 1024, device="cuda")
+        dev = emu.devices[0]
+
+        def step() -> float:
+            torch.cuda.synchronize()
+            before = dev.busy_s()
+            model(x).sum().backward()
+            torch.cuda.synchronize()
+            return dev.busy_s() - before
+
+        torch.backends.cuda.matmul.fp32_precision = "ieee"
+        ieee = [step() for _ in range(3)]
+        assert emu.replay.replayed == 1
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
+        tf32 = step()
+        assert emu.replay.replayed == 1  # a new key: recorded per op at the TF32 costs
+        # the step's six 256x1024x1024 GEMMs (2 forward, 4 backward) price at the A100's TF32 peak (156 TFLOP/s) instead
+        # of its fp32 one (19.5): the step measured 0.57x the ieee one (its sum, bias and launch costs do not change);
+        # replaying the ieee recording would have charged 1.0x
+        assert tf32 < 0.8 * ieee[2]
+    finally:
+        gt.uninstall()

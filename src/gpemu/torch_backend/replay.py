@@ -52,6 +52,7 @@ import torch
 import torch.nn.modules.module as _nn_module
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from gpemu.cost.roofline import fp32_math_modes as _fp32_math_modes
 from gpemu.device.allocator import round_size
 from gpemu.torch_backend import ops as emu_ops
 from gpemu.torch_backend import state
@@ -524,7 +525,8 @@ class Replayer:
     def _key(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
              params_key: tuple[Any, ...]) -> tuple[Any, ...] | None:
         parts: list[Any] = [module.training, torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
-                            self.emu.autocast_dtype(), self.emu.current_stream(self.emu.current_device()).stream_id]
+                            self.emu.autocast_dtype(), self.emu.current_stream(self.emu.current_device()).stream_id,
+                            _fp32_math_modes()]  # TF32 flags set between calls change the recorded costs
         for v in (*args, *kwargs.keys(), *kwargs.values()):
             if isinstance(v, torch.Tensor):
                 if not isinstance(v, EmuTensor):
