@@ -553,3 +553,33 @@ def test_tf32_switched_on_between_calls_is_a_new_key() -> None:
         assert tf32 < 0.8 * ieee[2]
     finally:
         gt.uninstall()
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = torch.nn.Linear(64, 192)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).view(x.shape[0], x.shape[1], 3, 4, 16).permute(2, 0, 3, 1, 4)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def test_a_call_under_another_sdpa_backend_is_a_new_key() -> None:
+    # A100 + fp16: flash attention by default; under sdpa_kernel(MATH) the forward runs the math ops instead
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    emu = gt.install("a100")
+    try:
+        model = _Attention().cuda().half()
+        x = torch.randn(2, 128, 64, device="cuda", dtype=torch.float16)
+        for _ in range(3):
+            model(x).sum().backward()
+        assert emu.replay.replayed == 1
+        with sdpa_kernel(SDPBackend.MATH):
+            model(x).sum().backward()  # a new key: recorded per op with the math kernels
+        assert emu.replay.replayed == 1
+        model(x).sum().backward()  # the flash key again: still ready
+        assert emu.replay.replayed == 2
+    finally:
+        gt.uninstall()

@@ -60,6 +60,7 @@ from gpemu.torch_backend import tensor as emu_tensor
 from gpemu.torch_backend.tensor import META, EmuTensor, block_sizes, fresh, fresh_block, fresh_on
 
 _ACCUMULATE_GRAD = "torch::autograd::AccumulateGrad"
+_cuda_backends = torch.backends.cuda
 _will_execute = torch._C._will_engine_execute_node  # See Note [Direct gradients]
 # Note [Tensor attributes from Python]: every tensor attribute read from Python on a tensor subclass (`p.grad`,
 # `p.requires_grad`, `p._backward_hooks`, `t.shape`) first looks up the subclass' `__torch_function__` (~0.2-0.3 us:
@@ -526,7 +527,10 @@ class Replayer:
              params_key: tuple[Any, ...]) -> tuple[Any, ...] | None:
         parts: list[Any] = [module.training, torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
                             self.emu.autocast_dtype(), self.emu.current_stream(self.emu.current_device()).stream_id,
-                            _fp32_math_modes()]  # TF32 flags set between calls change the recorded costs
+                            _fp32_math_modes(),  # TF32 flags set between calls change the recorded costs
+                            # and the SDPA backends allowed (`sdpa_kernel`) its kernels: Note [SDPA backend choice] in sdpa.py
+                            (_cuda_backends.flash_sdp_enabled(), _cuda_backends.mem_efficient_sdp_enabled(),
+                             _cuda_backends.math_sdp_enabled())]
         for v in (*args, *kwargs.keys(), *kwargs.values()):
             if isinstance(v, torch.Tensor):
                 if not isinstance(v, EmuTensor):
