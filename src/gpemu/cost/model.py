@@ -336,27 +336,36 @@ def compute_param_index(category: str, name: str, pointwise: bool = False) -> in
 
 
 # Note [Staged convolutions]
-# e_conv / e_conv_bwd come out above 1 (direct-convolution FLOPs per second over the peak): on CUDA cores cuDNN runs a
-# spatial (3x3, 5x5, ...) convolution with Winograd or FFT algorithms, and those are staged: a transform kernel
-# rewrites the input (and the filter) into tiles, a batched GEMM multiplies them, a second transform writes the
-# output. The transforms are memory-bound, the GEMM compute-bound, and they run one after another, so the
-# convolution's time is their sum, not the roofline's max:
-#     kernel_s = F_eff / (peak * e_conv * a) + M / (bw * m_conv * b) + mem_lat_cycles / clock + k0
-# where M is the op's minimal bytes (x, w, y) and m_conv its own efficiency: the tiled tensors are larger than x and
-# y (Winograd F(4x4, 3x3): a 6x6 tile per 4x4 outputs, 36/16 = 2.25x), each written once and read once, so the
-# traffic is about x + 2 * 2.25 x + 2 * 2.25 y + y = 5.5 (x + y) when x ~ y, and m_conv ~ 0.75 / 5.5 ~ 0.14 of the
-# datasheet bandwidth at a typical 0.75 streaming fraction. Fitted (fold fits of bench/predict_validation.py,
+# e_conv / e_conv_bwd come out above 1 (direct-convolution FLOPs per second over the peak): on CUDA cores cuDNN runs
+# a spatial (kernel > 1x1) convolution with algorithms that rearrange the data before multiplying it: Winograd and
+# FFT (a transform kernel rewrites the input and the filter into tiles, a batched GEMM multiplies them, a second
+# transform writes the output) or an explicit or precomputed-index GEMM lowering (im2col: the input copied k*k
+# times into a column matrix). The rearranging stages are memory-bound, the GEMM compute-bound, and they run one
+# after another, so the convolution's time is their sum, not the roofline's max:
+#     kernel_s = (F + w_half * SMs) / (peak * e_conv * a) + M / (bw * m_conv * b) + mem_lat_cycles / clock + k0
+# with M the op's minimal bytes (x, w, y) and m_conv its own efficiency, since the staged tensors are larger than x
+# and y: Winograd F(4x4, 3x3) makes a 6x6 tile per 4x4 outputs (36/16 = 2.25x), each tiled tensor written once and
+# read once, x + 2 * 2.25 x + 2 * 2.25 y + y = 5.5 (x + y) when x ~ y, so m_conv ~ 0.75 / 5.5 ~ 0.14 of the
+# datasheet bandwidth at a typical 0.75 streaming fraction. Fitted (the fold fits of bench/predict_validation.py,
 # 2026-11-23): m_conv 0.13-0.16 on the four folds that keep the K80 (0.29 without it), m_conv_bwd 0.32-0.41, e_conv
-# 2.4-2.7 (F(4x4, 3x3) does 4x fewer multiplies than direct convolution, so its GEMM stage runs at 0.6-0.7 of peak).
+# 2.4-2.7 (F(4x4, 3x3) does 4x fewer multiplies than direct convolution: its GEMM stage at 0.6-0.7 of peak); the
+# packaged fit (200 steps) has e_conv at its cap of 3, m_conv 0.125, m_conv_bwd 0.19.
 # 1x1 convolutions (one implicit-GEMM kernel, Note [Pointwise convolutions]), grouped/depthwise convolutions (one
-# direct kernel), GEMMs and every tensor-core op (cuDNN's implicit-GEMM kernels: no transform stage) keep the max.
-# Why it matters across GPUs: with the max, a convolution is priced by FLOPs alone, so a GPU's speed on VGG-like
+# direct kernel), GEMMs and every tensor-core op (cuDNN's implicit-GEMM kernels, no separate stage) keep the max.
+# Why it matters across GPUs: with the max, a convolution was priced by FLOPs alone, so a GPU's speed on VGG-like
 # networks followed its FP32 peak; measured, the V100 runs VGG 8 % faster than the Quadro RTX 6000 (peak: 14 % slower)
-# and the P100 1.9x the M40 (peak: 1.36x): the bandwidth-rich GPUs win the transform stages. Leave-one-GPU-out
+# and the P100 1.9x the M40 (peak: 1.36x): the bandwidth-rich GPUs win the memory-bound stages. Leave-one-GPU-out
 # (bench/predict_validation.py, median / p90 %), scaled from the nearest GPU: forward 10.9 / 22.9 -> 7.2 / 22.4,
-# fwd+bwd 8.2 / 19.8 -> 7.5 / 19.5; spec model fwd+bwd 12.8 / 29.8 -> 11.3 / 29.2. (Tried: the same sum for 1x1,
-# grouped convolutions and GEMMs too: fwd+bwd 7.1 / 19.2 scaled but forward 8.2 / 21.1, and the fit then drives the
-# elementwise efficiency to its cap of 1.0 of the datasheet bandwidth, which no published stream kernel reaches.)
+# fwd+bwd 8.2 / 19.8 -> 7.5 / 19.5; spec model fwd+bwd 12.8 / 29.8 -> 11.3 / 29.2.
+# Tried and dropped (same bench): (1) one fitted overlap fraction for every CUDA-core conv/GEMM, t = max + x * min:
+# x went to its cap of 1 (no overlap) in every fold, and uncapped to ~5 with every memory efficiency at its cap of 1
+# (the conv's bytes are what is missing, hence m_conv); (2) the sum for 1x1, grouped convolutions and GEMMs too:
+# fwd+bwd 7.1 / 19.2 scaled, forward 8.2 / 21.1, and the elementwise efficiency fitted at its cap of 1.0 of the
+# datasheet bandwidth, which no published stream kernel reaches; (3) only 3x3 / 5x5 stride-1 convolutions (the
+# Winograd shapes) staged: fwd+bwd 7.7 / 19.5 scaled, 11.8 / 29.6 spec, and m_conv_bwd drifts to 0.8: the strided
+# and 7x7 convolutions' backward (stems, downsampling) behave as staged too; (4) an additive instruction-issue term
+# for memory-bound ops, bytes * iota / (fp32 peak * a): 7.2 / 19.2 scaled, iota 0.5-1.2 FLOP per byte from fold to
+# fold (weakly identified), not kept.
 def staged_conv(compute_param: np.ndarray, on_tensor_cores: np.ndarray) -> np.ndarray:
     """Return, per op, whether it is priced as a staged CUDA-core spatial convolution, compute plus memory (Note
     [Staged convolutions]); `compute_param` indexes COMPUTE_PARAMS (e_conv / e_conv_bwd are 0 / 1)."""
