@@ -188,3 +188,34 @@ def test_pointwise_convolutions_are_priced_at_their_own_efficiency() -> None:
     # 3x3 (Winograd): 1.4e12 / (14e12 * 2.0) = 50 ms; 1x1 (GEMM): 1.4e12 / (14e12 * 0.5) = 200 ms
     assert cost_time_s(cost, "convolution", v100, params) == pytest.approx(0.05)
     assert cost_time_s(cost, "convolution", v100, params, pointwise=True) == pytest.approx(0.2)
+
+
+def test_spatial_cuda_core_convolutions_add_compute_and_transform_traffic() -> None:
+    # Note [Staged convolutions]: a CUDA-core 3x3 convolution is transform + GEMM + transform, so compute and
+    # memory add; 1x1 (one GEMM kernel) and tensor-core convolutions keep the roofline's max.
+    from types import SimpleNamespace
+
+    from gpemu.cost.model import kernel_seconds
+    from gpemu.cost.registry import OpCost
+    from gpemu.cost.roofline import cost_time_s
+
+    v100 = get_gpu("v100-pcie-32gb")  # 14 TFLOPS fp32, 112 TFLOPS fp16 tensor, 900 GB/s
+    shared = {**load_params().shared, "w_half": 0.0, "k0": 0.0, "mem_lat_cycles": 0.0, "e_conv": 2.0,
+              "e_conv_bwd": 2.0, "e_conv_1x1": 0.5, "m_conv": 0.2, "m_conv_bwd": 0.4, "m_elementwise": 0.5}
+    params = CostParams(shared, {}, tc_eff=0.7)  # no per-GPU factors: a = b = 1
+    cost = OpCost(1.4e11, 3.6e8, "conv", "fp32")  # 140 GFLOP, 360 MB
+    # 3x3: 1.4e11 / (14e12 * 2.0) = 5 ms compute + 3.6e8 / (900e9 * 0.2) = 2 ms transforms = 7 ms (the max: 5 ms)
+    assert cost_time_s(cost, "convolution", v100, params) == pytest.approx(7e-3)
+    # its backward at m_conv_bwd: 5 ms + 3.6e8 / (900e9 * 0.4) = 1 ms -> 6 ms
+    assert cost_time_s(cost, "convolution_backward", v100, params) == pytest.approx(6e-3)
+    # 1x1: max(1.4e11 / (14e12 * 0.5) = 20 ms, 3.6e8 / (900e9 * 0.5) = 0.8 ms) = 20 ms
+    assert cost_time_s(cost, "convolution", v100, params, pointwise=True) == pytest.approx(20e-3)
+    # fp16 on tensor cores: max(1.4e11 / (112e12 * 0.7) = 1.786 ms, 0.8 ms) = 1.786 ms
+    tc = OpCost(1.4e11, 3.6e8, "conv", "fp16", tensor_core=True)
+    assert cost_time_s(tc, "convolution", v100, params) == pytest.approx(1.4e11 / (112e12 * 0.7))
+    # the phase model (kernel_seconds over spec_columns) prices the same ops the same way
+    recs = [SimpleNamespace(name="convolution", category="conv", phase=ph, flops=1.4e11, bytes=3.6e8, dtype=dt,
+                            tensor_core=dt == "fp16") for ph, dt in (("forward", "fp32"), ("forward", "fp16"))]
+    ops = op_arrays(recs)
+    kern = kernel_seconds(ops.flops, ops.bytes, spec_columns(ops, v100, 0.7), shared, params.factors(v100))
+    assert kern.tolist() == pytest.approx([7e-3, 1.4e11 / (112e12 * 0.7)])

@@ -22,6 +22,7 @@ from gpemu.hardware import GPUSpec
 #     compute_s = (F + w_half * sm_count) / (peak_g(dtype, c, tensor_core) * e_c * a_g)
 #     memory_s  = M / (bw_g * m_c * r_bn * b_g) + mem_lat_cycles / clock_g   (r_bn: Note [Batch-norm plane size])
 #     kernel_s  = max(compute_s, memory_s) + k0                      (views: 0)
+#               = compute_s + memory_s + k0       (CUDA-core spatial convolutions: Note [Staged convolutions])
 # i.e. efficiency ramps as F / (F + w_half * SMs): a kernel needs ~w_half FLOPs per SM before it fills the GPU, and
 # a memory-bound kernel pays a fixed latency of mem_lat_cycles SM clock cycles (small kernels are latency-bound, and
 # latency in cycles is what carries across GPUs: see Note [Memory latency]). e_c, m_c are per-category ceilings shared by every GPU; a_g, b_g are optional per-GPU factors
@@ -38,7 +39,7 @@ MEMORY_CATEGORIES: tuple[str, ...] = tuple(c for c in CATEGORIES if c not in COM
 SHARED_PARAMS: tuple[str, ...] = (
     "e_conv", "e_conv_bwd", "e_grouped", "e_grouped_bwd", "e_matmul", "e_conv_1x1", "e_conv_1x1_bwd", "w_half", "m_elementwise", "m_norm",
     "m_other", "m_elementwise_bwd", "m_norm_bwd", "m_other_bwd", "mem_lat_cycles", "k0", "h", "h_bwd", "h_view", "t0",
-    "t0_bwd", "bn_plane_half",
+    "t0_bwd", "bn_plane_half", "m_conv", "m_conv_bwd",
 )
 PER_GPU_PARAMS: tuple[str, ...] = ("a", "b", "c")  # compute, memory and host factors
 BORROWED_PARAMS: tuple[str, ...] = ("a", "b")  # what an unfitted GPU takes from its nearest fitted one (not the host)
@@ -87,7 +88,7 @@ DEFAULT_SHARED: dict[str, float] = {
     "e_conv_1x1_bwd": 0.6, "w_half": 2e6, "m_elementwise": 0.75, "m_norm": 0.6, "m_other": 0.6,
     "m_elementwise_bwd": 0.75, "m_norm_bwd": 0.6, "m_other_bwd": 0.6,
     "mem_lat_cycles": 5e3, "k0": 3e-6, "h": 2e-5, "h_bwd": 1e-5, "h_view": 3e-6, "t0": 3e-4, "t0_bwd": 1e-3,
-    "bn_plane_half": 256.0,
+    "bn_plane_half": 256.0, "m_conv": 0.3, "m_conv_bwd": 0.3,
 }
 
 
@@ -302,6 +303,7 @@ class SpecColumns:
     mem_param: np.ndarray  # index into MEMORY_PARAMS
     plane: np.ndarray  # batch-norm plane elements (inf elsewhere), Note [Batch-norm plane size]
     relayout: np.ndarray  # conv ops in a layout not native to their kernel: tensors cuDNN transposes (0 elsewhere)
+    staged: np.ndarray  # bool: CUDA-core spatial convolutions, memory and compute add (Note [Staged convolutions])
     bw: float
     sm_count: int
     clock_hz: float
@@ -332,8 +334,46 @@ def compute_param_index(category: str, name: str, pointwise: bool = False) -> in
         return (0 if category == "conv" else 2) + int(name.endswith("_backward"))
     return -1
 
+
+# Note [Staged convolutions]
+# e_conv / e_conv_bwd come out above 1 (direct-convolution FLOPs per second over the peak): on CUDA cores cuDNN runs
+# a spatial (kernel > 1x1) convolution with algorithms that rearrange the data before multiplying it: Winograd and
+# FFT (a transform kernel rewrites the input and the filter into tiles, a batched GEMM multiplies them, a second
+# transform writes the output) or an explicit or precomputed-index GEMM lowering (im2col: the input copied k*k
+# times into a column matrix). The rearranging stages are memory-bound, the GEMM compute-bound, and they run one
+# after another, so the convolution's time is their sum, not the roofline's max:
+#     kernel_s = (F + w_half * SMs) / (peak * e_conv * a) + M / (bw * m_conv * b) + mem_lat_cycles / clock + k0
+# with M the op's minimal bytes (x, w, y) and m_conv its own efficiency, since the staged tensors are larger than x
+# and y: Winograd F(4x4, 3x3) makes a 6x6 tile per 4x4 outputs (36/16 = 2.25x), each tiled tensor written once and
+# read once, x + 2 * 2.25 x + 2 * 2.25 y + y = 5.5 (x + y) when x ~ y, so m_conv ~ 0.75 / 5.5 ~ 0.14 of the
+# datasheet bandwidth at a typical 0.75 streaming fraction. Fitted (the fold fits of bench/predict_validation.py,
+# 2026-11-23): m_conv 0.13-0.16 on the four folds that keep the K80 (0.29 without it), m_conv_bwd 0.32-0.41, e_conv
+# 2.4-2.7 (F(4x4, 3x3) does 4x fewer multiplies than direct convolution: its GEMM stage at 0.6-0.7 of peak); the
+# packaged fit (200 steps) has e_conv at its cap of 3, m_conv 0.125, m_conv_bwd 0.19.
+# 1x1 convolutions (one implicit-GEMM kernel, Note [Pointwise convolutions]), grouped/depthwise convolutions (one
+# direct kernel), GEMMs and every tensor-core op (cuDNN's implicit-GEMM kernels, no separate stage) keep the max.
+# Why it matters across GPUs: with the max, a convolution was priced by FLOPs alone, so a GPU's speed on VGG-like
+# networks followed its FP32 peak; measured, the V100 runs VGG 8 % faster than the Quadro RTX 6000 (peak: 14 % slower)
+# and the P100 1.9x the M40 (peak: 1.36x): the bandwidth-rich GPUs win the memory-bound stages. Leave-one-GPU-out
+# (bench/predict_validation.py, median / p90 %), scaled from the nearest GPU: forward 10.9 / 22.9 -> 7.2 / 22.4,
+# fwd+bwd 8.2 / 19.8 -> 7.5 / 19.5; spec model fwd+bwd 12.8 / 29.8 -> 11.3 / 29.2.
+# Tried and dropped (same bench): (1) one fitted overlap fraction for every CUDA-core conv/GEMM, t = max + x * min:
+# x went to its cap of 1 (no overlap) in every fold, and uncapped to ~5 with every memory efficiency at its cap of 1
+# (the conv's bytes are what is missing, hence m_conv); (2) the sum for 1x1, grouped convolutions and GEMMs too:
+# fwd+bwd 7.1 / 19.2 scaled, forward 8.2 / 21.1, and the elementwise efficiency fitted at its cap of 1.0 of the
+# datasheet bandwidth, which no published stream kernel reaches; (3) only 3x3 / 5x5 stride-1 convolutions (the
+# Winograd shapes) staged: fwd+bwd 7.7 / 19.5 scaled, 11.8 / 29.6 spec, and m_conv_bwd drifts to 0.8: the strided
+# and 7x7 convolutions' backward (stems, downsampling) behave as staged too; (4) an additive instruction-issue term
+# for memory-bound ops, bytes * iota / (fp32 peak * a): 7.2 / 19.2 scaled, iota 0.5-1.2 FLOP per byte from fold to
+# fold (weakly identified), not kept.
+def staged_conv(compute_param: np.ndarray, on_tensor_cores: np.ndarray) -> np.ndarray:
+    """Return, per op, whether it is priced as a staged CUDA-core spatial convolution, compute plus memory (Note
+    [Staged convolutions]); `compute_param` indexes COMPUTE_PARAMS (e_conv / e_conv_bwd are 0 / 1)."""
+    return np.isin(compute_param, (0, 1)) & ~on_tensor_cores
+
+
 MEMORY_PARAMS: tuple[str, ...] = ("m_elementwise", "m_norm", "m_other", "m_elementwise_bwd", "m_norm_bwd",
-                                  "m_other_bwd")
+                                  "m_other_bwd", "m_conv", "m_conv_bwd")
 _MEM_IDX = {name: i for i, name in enumerate(MEMORY_PARAMS)}
 
 
@@ -444,6 +484,10 @@ def spec_columns(ops: OpArrays, spec: GPUSpec, tc_eff: float, m_stream: float = 
             if ops.category[j] == "conv" and native != LAYOUT_NONE and ops.layout[j] != native:
                 relayout[j] = 3.0 if ops.names[j].endswith("_backward") else 2.0  # dy, x, dx; forward: x, y
     pointwise = ops.pointwise if ops.pointwise is not None else np.zeros(n, dtype=bool)
+    compute_param = np.array([compute_param_index(c, name, bool(pw)) for c, name, pw in
+                              zip(ops.category, ops.names, pointwise, strict=True)], dtype=np.int64)
+    staged = staged_conv(compute_param, on_tc)
+    mem = np.where(staged, np.where(ops.phase > 0, _MEM_IDX["m_conv_bwd"], _MEM_IDX["m_conv"]), mem)
     stream = np.array([streams(spec, d, c, name, m_stream)
                        for c, d, name in zip(ops.category, ops.dtype, ops.names, strict=True)], dtype=bool)
     return SpecColumns(
@@ -455,11 +499,11 @@ def spec_columns(ops: OpArrays, spec: GPUSpec, tc_eff: float, m_stream: float = 
         relayout_stream=(relayout > 0) & np.array([streams_physically(spec, d, m_stream) for d in ops.dtype],
                                                   dtype=bool),
         is_kernel=np.array([c != "view" for c in ops.category]),
-        compute_param=np.array([compute_param_index(c, n, bool(pw)) for c, n, pw in
-                                zip(ops.category, ops.names, pointwise, strict=True)]),
+        compute_param=compute_param,
         mem_param=mem,
         plane=plane,
         relayout=relayout,
+        staged=staged,
         bw=spec.load_memory_bw_gbps * 1e9,  # See Note [Sustained clock]
         sm_count=spec.sm_count,
         clock_hz=spec.load_clock_mhz * 1e6,
@@ -506,7 +550,10 @@ def kernel_seconds(flops: Any, nbytes: Any, cols: SpecColumns, p: dict[str, Any]
     compute = torch.where(has_compute, compute, torch.zeros_like(compute))
     latency = p["mem_lat_cycles"] / cols.clock_hz
     memory = nbytes / (cols.bw * m_op) + latency
-    body = torch.maximum(compute, memory) + p["k0"]
+    body = torch.maximum(compute, memory)
+    if cols.staged.any():  # See Note [Staged convolutions]
+        body = torch.where(torch.as_tensor(cols.staged), compute + memory, body)
+    body = body + p["k0"]
     if relayout_bytes is not None and cols.relayout.any():
         relayout = torch.as_tensor(cols.relayout)
         m_copy = m[torch.as_tensor(np.where(cols.relayout > 0, _relayout_param(cols), 0))] * f["b"]

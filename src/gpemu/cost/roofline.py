@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import torch
 
 from gpemu.cost.model import (
@@ -22,6 +23,7 @@ from gpemu.cost.model import (
     native_conv_layout,
     peak_flops,
     plane_efficiency,
+    staged_conv,
     streams,
     streams_physically,
     uses_tensor_cores,
@@ -85,13 +87,15 @@ def cost_time_s(cost: OpCost, name: str, spec: GPUSpec, params: CostParams | Non
     p, f = params.shared, params.factors(spec)
     cidx = compute_param_index(cost.category, name, pointwise)
     compute = 0.0
+    on_tc = False
     if cidx >= 0:
         peak = peak_flops(spec, cost.dtype, cost.category, cost.tensor_core)
         on_tc = uses_tensor_cores(spec, cost.dtype, cost.category, cost.tensor_core)
         eff = params.tc_eff if on_tc else p[COMPUTE_PARAMS[cidx]] * f["a"]  # Note [Tensor-core efficiency]
         compute = (cost.flops + p["w_half"] * spec.sm_count) / (peak * eff)
     backward = name.endswith(("_backward", "_backward_data"))  # the phase is unknown here; named grads are bwd
-    m_ceiling = p[mem_param(cost.category, backward)]
+    staged = bool(staged_conv(np.array([cidx]), np.array([on_tc]))[0])  # See Note [Staged convolutions]
+    m_ceiling = p[("m_conv_bwd" if backward else "m_conv") if staged else mem_param(cost.category, backward)]
     m_copy = p[mem_param("elementwise", backward)]
     if cost.layout == "nhwc" and cost.category == "norm":  # See Note [Layout cost]: no plane ramp
         plane = math.inf
@@ -101,7 +105,8 @@ def cost_time_s(cost: OpCost, name: str, spec: GPUSpec, params: CostParams | Non
     if streams(spec, cost.dtype, cost.category, name, params.m_stream):
         bw, m_eff = spec.load_memory_bw_gbps * 1e9, params.m_stream * ramp  # Note [16-bit streaming]
     latency = p["mem_lat_cycles"] / (spec.load_clock_mhz * 1e6)  # Note [Sustained clock]
-    total = max(compute, cost.bytes / (bw * m_eff) + latency) + p["k0"]
+    memory = cost.bytes / (bw * m_eff) + latency
+    total = (compute + memory if staged else max(compute, memory)) + p["k0"]
     if cost.category == "conv" and cost.layout and cost.relayout_bytes:
         native = native_conv_layout(spec, cost.dtype, cost.tensor_core)
         if native != LAYOUT_NONE and (cost.layout == "nhwc") != (native == LAYOUT_NHWC):  # transposes x, y (dy, x, dx)
