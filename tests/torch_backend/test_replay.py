@@ -583,3 +583,15 @@ def test_a_call_under_another_sdpa_backend_is_a_new_key() -> None:
         assert emu.replay.replayed == 2
     finally:
         gt.uninstall()
+
+
+def test_a_module_flag_set_after_replay_starts_is_a_new_key(emu: gt.Emulation) -> None:
+    # a bool attribute of a submodule chooses its ops (nn.ReLU's `inplace`, transformers' `gradient_checkpointing`):
+    # Note [Module structure cache] keys on every bool attribute of every submodule
+    model, x, _params = _replaying_small(emu)
+    model[2].inplace = True  # relu_ instead of relu
+    _sum_step(model, x)
+    assert emu.replay.replayed == 1  # a new key: recorded per op
+    model[2].inplace = False
+    _sum_step(model, x)  # the first key again: still ready
+    assert emu.replay.replayed == 2

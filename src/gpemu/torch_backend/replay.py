@@ -1001,10 +1001,11 @@ def _neutral_hook(hook: Any) -> bool:
 
 # Note [Module structure cache]: which parameters a top module has (and their shapes, strides and dtypes: a model moved
 # to channels_last keeps its parameter objects but runs other kernels), whether a module or parameter hook could
-# observe it, and which submodules are in training mode decide replay, and finding out walks every submodule (resnet50: 161
-# modules, ~0.3 ms, a tenth of a replayed step). The walk's answer is cached per top module and trusted while the
+# observe it, and the submodules' flags (`training`) decide replay, and finding out walks every submodule (resnet50:
+# 161 modules, ~0.3 ms, a tenth of a replayed step). The walk's answer is cached per top module and trusted while the
 # structure generation below is unchanged. gpemu bumps it on every way torch offers to change that answer while
-# installed: Module.__setattr__ of a parameter, module, None or `training` (train()/eval() go through it),
+# installed: Module.__setattr__ of a parameter, a module, None over either, or a bool (the module flags that choose
+# its ops join the key: `training`, which train()/eval() set, transformers' `gradient_checkpointing`, `inplace`),
 # __delattr__, register_parameter, add_module/register_module, _apply (.to()/.cuda()/.half() may replace parameter
 # objects), module hook registration, tensor hook registration and the removal of any hook (RemovableHandle.remove).
 # requires_grad is a C attribute that no Python patch sees, so it is read per call (one list over the parameters).
@@ -1019,18 +1020,23 @@ def structure_changed() -> None:
     _structure_gen += 1
 
 
-_STRUCTURAL_ATTRS = frozenset({"training"})
 
 
 def patch_structure_changes(patcher: Any) -> None:
-    """Make the ways of changing a module's parameters, submodules, training flags or hooks bump the structure
+    """Make the ways of changing a module's parameters, submodules, flags or hooks bump the structure
     generation, through `patcher` (Note [Module structure cache])."""
     module_cls = torch.nn.Module
     orig_setattr = module_cls.__setattr__
 
     def __setattr__(self: torch.nn.Module, name: str, value: Any) -> None:
+        if type(value) is bool:  # a flag: only a change counts (the transformers Trainer calls train() every step)
+            changed = self.__dict__.get(name) is not value
+            orig_setattr(self, name, value)  # type: ignore[arg-type]
+            if changed:
+                structure_changed()
+            return
         orig_setattr(self, name, value)
-        if (name in _STRUCTURAL_ATTRS or isinstance(value, (torch.nn.Module, torch.nn.Parameter))
+        if (isinstance(value, (torch.nn.Module, torch.nn.Parameter))
                 or name in self._parameters or name in self._modules):  # (None over a parameter or a module too)
             structure_changed()
 
@@ -1063,7 +1069,7 @@ class _Structure:
 
     gen: int
     params: list[torch.nn.Parameter] | None
-    key: tuple[Any, ...]  # parameter ids and metadata, submodule training flags
+    key: tuple[Any, ...]  # parameter ids and metadata, submodule flags
     hook_free: bool
 
 
@@ -1090,16 +1096,16 @@ def _walk(module: torch.nn.Module) -> tuple[list[torch.nn.Parameter], tuple[Any,
 
 
 def _walk_structure(module: torch.nn.Module) -> _Structure:
-    """Walk the submodules once: parameters in module.parameters()' order, ids, training flags and hooks."""
+    """Walk the submodules once: parameters in module.parameters()' order, ids, module flags and hooks."""
     gen = _structure_gen
     params: list[torch.nn.Parameter] = []
-    key: list[Any] = []  # id and metadata per parameter, then training flag per module
+    key: list[Any] = []  # id and metadata per parameter, then the bool flags per module
     seen: set[int] = set()
     hook_free = True
     # module.modules()' pre-order and de-duplication, without named_modules' prefix strings
     stack = [module]
     visited: set[int] = set()
-    training: list[bool] = []
+    flags: list[tuple[tuple[str, bool], ...]] = []
     while stack:
         sub = stack.pop()
         if id(sub) in visited:
@@ -1109,7 +1115,8 @@ def _walk_structure(module: torch.nn.Module) -> _Structure:
                 sub._forward_pre_hooks or sub._backward_hooks or sub._backward_pre_hooks
                 or not all(_neutral_hook(h) for h in sub._forward_hooks.values())):
             return _Structure(gen, None, (), False)
-        training.append(sub.training)
+        # the module's flags (`training`, `gradient_checkpointing`, an activation's `inplace`): they choose its ops
+        flags.append(tuple([(k, v) for k, v in sub.__dict__.items() if type(v) is bool]))
         for p in sub._parameters.values():  # the order and de-duplication of module.parameters()
             if p is not None and id(p) not in seen:
                 seen.add(id(p))
@@ -1123,7 +1130,7 @@ def _walk_structure(module: torch.nn.Module) -> _Structure:
             stack.extend([c for c in reversed(children.values()) if c is not None])
     if not params:
         return _Structure(gen, None, (), False)
-    return _Structure(gen, params, (tuple(key), tuple(training)), hook_free)
+    return _Structure(gen, params, (tuple(key), tuple(flags)), hook_free)
 
 
 def _replays_inside(top: torch.nn.Module, module: torch.nn.Module) -> bool:
