@@ -57,7 +57,7 @@ from gpemu.device.allocator import round_size
 from gpemu.torch_backend import ops as emu_ops
 from gpemu.torch_backend import state
 from gpemu.torch_backend import tensor as emu_tensor
-from gpemu.torch_backend.tensor import META, EmuTensor, block_sizes, fresh, fresh_block, fresh_on
+from gpemu.torch_backend.tensor import META, EmuTensor, block_sizes, fresh, fresh_block, fresh_on, meta_nbytes
 
 _ACCUMULATE_GRAD = "torch::autograd::AccumulateGrad"
 _cuda_backends = torch.backends.cuda
@@ -447,15 +447,7 @@ class _GradPlan:
             self.added = [(j, rec.in_meta[first + j]) for j in self.block_params]
             self.block_params = []
         self.block_metas: list[tuple[Any, ...]] = [(*rec.in_meta[first + j], rec.index) for j in self.block_params]
-        self.block_sizes = block_sizes([_nbytes(mk[:3]) for mk in self.block_metas])
-
-
-def _nbytes(meta: tuple[tuple[int, ...], tuple[int, ...], torch.dtype]) -> int:
-    shape, stride, dtype = meta
-    if any(s == 0 for s in shape):
-        return 0
-    span = 1 + sum((s - 1) * st for s, st in zip(shape, stride, strict=True))
-    return span * dtype.itemsize
+        self.block_sizes = block_sizes([meta_nbytes(mk[:3]) for mk in self.block_metas])
 
 
 def _tensor_key(t: torch.Tensor) -> tuple[Any, ...]:

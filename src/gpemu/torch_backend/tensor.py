@@ -726,6 +726,15 @@ class _LazyElem:
 EmuTensor._elem = _LazyElem()  # type: ignore[assignment]  # consulted only when the instance has no `_elem`
 
 
+def meta_nbytes(meta: tuple[tuple[int, ...], tuple[int, ...], torch.dtype]) -> int:
+    """Return the storage bytes of a fresh tensor of (shape, strides, dtype): its span times the item size."""
+    shape, stride, dtype = meta
+    if any(s == 0 for s in shape):
+        return 0
+    span = 1 + sum((s - 1) * st for s, st in zip(shape, stride, strict=True))
+    return span * dtype.itemsize
+
+
 def block_sizes(sizes_bytes: list[int]) -> list[int]:
     """Return the allocations that hold tensors of `sizes_bytes` as the per-tensor mallocs would count them: each
     large-pool size on its own, small-pool ones packed in order into allocations of at most 1 MiB (the sum of their
@@ -804,8 +813,7 @@ def _list_plan(metas: tuple[Any, ...], index: int) -> tuple[list[tuple[Any, ...]
     if not all(type(m) is tuple for m in metas):
         return None
     full = [(*m, index) for m in metas]
-    sizes = block_sizes([_empty_strided(m[0], m[1], dtype=m[2], device=META).untyped_storage().nbytes()
-                         for m in metas])
+    sizes = block_sizes([meta_nbytes(m) for m in metas])
     if len(_list_plans) >= _OP_CACHE_MAX:
         _list_plans.clear()
     _list_plans[(id(metas), index)] = (metas, full, sizes)
