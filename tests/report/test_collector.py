@@ -230,3 +230,22 @@ def test_the_emulators_recording_steps_are_skipped_as_warm_up() -> None:
     # too few rows after it: nothing extra is skipped (3 steady rows must remain)
     short = summarize([row(0.1, 10), row(0.374, 1096), row(0.045, 25), row(0.045, 25)], warmup=1)
     assert short["iterations_used"] == 3
+
+
+def test_later_iterations_that_recorded_per_op_are_left_out() -> None:
+    # Note [Recording steps later on]: dynamic padding gives a new sequence length now and then; the iteration that
+    # meets it records per op (slow: the emulator's host work), the others replay
+    def row(wall_s: float, ops: int, recorded: int) -> dict[str, object]:
+        return {**_row(wall_s, 0.040, 0.0), "emulator_ops": ops, "recorded_calls": recorded}
+
+    steady = [row(0.045, 25, 0)] * 6
+    rows = [row(0.090, 1100, 1), row(0.374, 1096, 1)] + steady[:3] + [row(0.300, 1090, 1)] + steady[3:]
+    summary = summarize(rows, warmup=1)
+    # skipped: 1 fixed warm-up + 1 leading recording (1096 > 2 x median 25); the 300 ms row in the middle recorded a
+    # new key: left out, so the mean is the replayed rows' 45 ms, not (6 * 45 + 300) / 7 = 81.4 ms
+    assert summary["iterations_used"] == 6
+    assert summary["wall_s"]["mean"] == pytest.approx(0.045)
+    assert "1 later iteration(s) left out" in summary["note"]
+    # a model that never replays records in every row: nothing is left out
+    never = summarize([row(0.3, 1000, 1)] * 6, warmup=1)
+    assert never["iterations_used"] == 5 and "later" not in never["note"]

@@ -86,6 +86,8 @@ class IterationWindow:
     h2d_bytes_end: int = 0
     emulator_start: tuple[float, int] = (0.0, 0)  # (seconds, ops) of the emulator's own host work, at the start
     emulator_end: tuple[float, int] = (0.0, 0)
+    recorded_start: int = 0  # calls the replay path recorded per op so far (Note [Recording steps later on])
+    recorded_end: int = 0
     partial: bool = False
     trained: bool = False  # a backward pass or an optimizer step ran in it (else: evaluation / inference)
     launched_s: dict[tuple[int, str], float] = field(default_factory=dict)  # (device, engine) -> seconds launched
@@ -100,10 +102,12 @@ class RunCollector:
         clock: Callable[[], float] = time.perf_counter,
         trace: Any = None,
         emulator_meter: Callable[[], tuple[float, int]] | None = None,
+        recordings_meter: Callable[[], int] | None = None,
     ) -> None:
         self._devices_provider = devices if callable(devices) else (lambda: list(devices or []))
         # (host seconds, ops) the emulator itself spent so far; see Note [Emulator host time] in torch_backend/tensor.py
         self.emulator_meter = emulator_meter
+        self.recordings_meter = recordings_meter  # calls recorded per op by the replay path so far
         self.now = clock
         self.trace = trace
         self.devices: list[EmulatedGPU] = []
@@ -163,6 +167,8 @@ class RunCollector:
             win.h2d_bytes_start = self._h2d_bytes_total()
             if self.emulator_meter is not None:
                 win.emulator_start = self.emulator_meter()
+            if self.recordings_meter is not None:
+                win.recorded_start = self.recordings_meter()
             self.iterations.append(win)
             self._open = win
             if self.trace is not None:
@@ -204,6 +210,8 @@ class RunCollector:
         win.h2d_bytes_end = self._h2d_bytes_total()
         if self.emulator_meter is not None:
             win.emulator_end = self.emulator_meter()
+        if self.recordings_meter is not None:
+            win.recorded_end = self.recordings_meter()
         self._open = None
         if self.trace is not None:
             self.trace.host_span(f"iteration {win.index}", win.start_s, win.end_s, category="iteration")

@@ -44,6 +44,19 @@ def _torch_backend_meter() -> Callable[[], tuple[float, int]] | None:
     return emulator_host_time if current_emulation() is not None else None
 
 
+def _torch_backend_recordings() -> Callable[[], int] | None:
+    """Return a meter of the calls the drop-in backend's replay path recorded per op, when it replays, else None."""
+    try:
+        from gpemu.torch_backend import current_emulation  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    emu = current_emulation()
+    if emu is None or emu.replay is None:
+        return None
+    replayer = emu.replay
+    return lambda: int(replayer.recorded)
+
+
 # Note [Iteration boundaries]
 # An iteration ends at each DataLoader fetch (the loader's wait is then measured). Loops without a DataLoader
 # (nanoGPT-style, in-memory batches) end one at each optimizer.step(). Loops with neither (pytorch/examples
@@ -69,7 +82,8 @@ class RunReport:
         emulator_meter: Callable[[], tuple[float, int]] | None = None,
     ) -> None:
         self.collector = RunCollector(devices if devices is not None else _torch_backend_devices, clock, trace,
-                                      emulator_meter if emulator_meter is not None else _torch_backend_meter())
+                                      emulator_meter if emulator_meter is not None else _torch_backend_meter(),
+                                      _torch_backend_recordings() if emulator_meter is None else None)
         self.json_path = Path(json_path) if json_path else None
         self.warmup = warmup
         self.print_summary = print_summary
