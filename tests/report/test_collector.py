@@ -239,7 +239,7 @@ def test_later_iterations_that_recorded_per_op_are_left_out() -> None:
         return {**_row(wall_s, 0.040, 0.0), "emulator_ops": ops, "recorded_calls": recorded}
 
     steady = [row(0.045, 25, 0)] * 6
-    rows = [row(0.090, 1100, 1), row(0.374, 1096, 1)] + steady[:3] + [row(0.300, 1090, 1)] + steady[3:]
+    rows = [row(0.090, 1100, 1), row(0.374, 1096, 1), *steady[:3], row(0.300, 1090, 1), *steady[3:]]
     summary = summarize(rows, warmup=1)
     # skipped: 1 fixed warm-up + 1 leading recording (1096 > 2 x median 25); the 300 ms row in the middle recorded a
     # new key: left out, so the mean is the replayed rows' 45 ms, not (6 * 45 + 300) / 7 = 81.4 ms
