@@ -922,10 +922,7 @@ def patch_engine_inputs(patcher: Any) -> None:
     def _engine_run_backward(t_outputs: Any, *args: Any, **kwargs: Any) -> Any:
         if not _live_detached:
             return orig(t_outputs, *args, **kwargs)
-        names = ("grad_tensors", "keep_graph", "create_graph", "inputs", "allow_unreachable", "accumulate_grad")
-        bound = dict(zip(names, args, strict=False))
-        bound.update(kwargs)
-        inputs = bound.get("inputs") or ()
+        inputs = (args[3] if len(args) > 3 else kwargs.get("inputs")) or ()  # run_backward's 5th argument
         ids = {id(t) for t in inputs if isinstance(t, torch.Tensor)}
         dets = [d for d in list(_live_detached) if any(id(p) in ids for p in d.params)] if ids else []
         previous = _rescue.requested, _rescue.capture
@@ -937,6 +934,9 @@ def patch_engine_inputs(patcher: Any) -> None:
                 return orig(t_outputs, *args, **kwargs)
             finally:
                 _rescue.requested, _rescue.capture = previous
+        names = ("grad_tensors", "keep_graph", "create_graph", "inputs", "allow_unreachable", "accumulate_grad")
+        bound = dict(zip(names, args, strict=False))
+        bound.update(kwargs)
         requested = {id(p) for d in dets for p in d.params} & ids
         accumulate = bool(bound.get("accumulate_grad", False))
         allow = bool(bound.get("allow_unreachable", False))
