@@ -12,7 +12,9 @@ CPU divided by the ops the per-op step dispatches (the ops the step stands for);
 (e.g. 1000000) means the host never sleeps on a full queue, which on a shared VM slows the CPU work after each sleep;
 a diagnosis setting that separates the emulator's CPU from that effect, not how a GPU behaves.
 The "never full" column repeats the replay run with a launch queue the steps never fill (as --queue-depth 1000000):
-the emulator's own CPU with no sleep before it. Two host figures follow the table, to read it by: how much slower a
+the emulator's own CPU with no sleep before it. The "idle" column repeats that run with a 30 ms sleep before each
+step (outside the CPU count): the same emulator work, run after an idle spell as a GPU-bound step's is; where it
+reads as the default-queue column, the difference from "never full" is the host's, not the emulator's. Two host figures follow the table, to read it by: how much slower a
 fixed piece of Python runs right after a 5 ms sleep than back to back on this host (the default-queue replay column
 sleeps once or more per GPU-bound step, and the CPU work after each sleep pays that), and the floor of the design:
 the CPU per dispatched op of a tensor subclass whose `__torch_dispatch__` does no work at all (it returns a premade
@@ -97,9 +99,10 @@ def timed_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tens
 
 
 def measure(name: str, steps: int, batch_size: int, replay: bool, queue_depth: int | None = None,
-            phases: list[float] | None = None) -> tuple[float, float, int]:
+            phases: list[float] | None = None, idle_s: float = 0.0) -> tuple[float, float, int]:
     """Return (host CPU ms/step, the same without CPU inside host_wait, aten ops dispatched per step); with
-    `phases`, then run `steps` more steps part by part and fill it with each part's minimum ms (see PHASES)."""
+    `phases`, then run `steps` more steps part by part and fill it with each part's minimum ms (see PHASES).
+    `idle_s` > 0 sleeps that long before each measured step (a sleep costs no CPU; what follows it may)."""
     emu = gt.install("a100", replay=replay)
     try:
         if queue_depth is not None:
@@ -119,6 +122,8 @@ def measure(name: str, steps: int, batch_size: int, replay: bool, queue_depth: i
         with _WaitMeter() as meter:
             cpu0 = time.process_time()
             for _ in range(steps):
+                if idle_s:
+                    time.sleep(idle_s)
                 step_fn(model, opt, x)
             cpu_s = time.process_time() - cpu0
         ops = emu_tensor.emulator_host_time()[1] - ops0
@@ -134,6 +139,7 @@ def measure(name: str, steps: int, batch_size: int, replay: bool, queue_depth: i
 
 
 NEVER_FULL = 10**9  # a launch-queue depth no step fills
+IDLE_S = 0.03  # the "idle" column: the never-full replay with the host asleep this long before each step
 
 
 def post_sleep_slowdown(repeats: int = 200) -> float:
@@ -204,9 +210,11 @@ def main() -> None:
     p.add_argument("--phases", action="store_true", help="also print each part of a step's CPU (min ms)")
     args = p.parse_args()
     parts: dict[str, list[float]] = {}
-    print(f"{'':<12} {'':>8} | {'per-op path: ms/step':^26} | {'replay: ms/step':^26} | {'never full':^12} |")
+    print(f"{'':<12} {'':>8} | {'per-op path: ms/step':^26} | {'replay: ms/step':^26} | {'never full':^12} |"
+          f" {'idle':>6} |")
     print(f"{'model':<12} {'ops/step':>8} | {'total':>6} {'excl':>6} {'us/op':>5} {'excl':>5} |"
-          f" {'total':>6} {'excl':>6} {'us/op':>5} {'excl':>5} | {'excl':>5} {'us/op':>6} | {'ops':>5} {'speedup':>7}")
+          f" {'total':>6} {'excl':>6} {'us/op':>5} {'excl':>5} | {'excl':>5} {'us/op':>6} | {'excl':>6} |"
+          f" {'ops':>5} {'speedup':>7}")
     for name in ("resnet18", "resnet50", "transformer"):
         per_op_parts: list[float] | None = [] if args.phases else None
         replay_parts: list[float] | None = [] if args.phases else None
@@ -215,13 +223,16 @@ def main() -> None:
         ms, ms_x, ops = measure(name, args.steps, args.batch_size, False, args.queue_depth, per_op_parts)
         rms, rms_x, rops = measure(name, args.steps, args.batch_size, True, args.queue_depth, replay_parts)
         _nms, nms_x, _nops = measure(name, args.steps, args.batch_size, True, NEVER_FULL)
+        _ims, ims_x, _iops = measure(name, args.steps, args.batch_size, True, NEVER_FULL, idle_s=IDLE_S)
         print(f"{name:<12} {ops:>8} | {ms:>6.1f} {ms_x:>6.1f} {ms / ops * 1e3:>5.1f} {ms_x / ops * 1e3:>5.1f} |"
               f" {rms:>6.2f} {rms_x:>6.2f} {rms / ops * 1e3:>5.1f} {rms_x / ops * 1e3:>5.1f} |"
-              f" {nms_x:>5.2f} {nms_x / ops * 1e3:>6.1f} | {rops:>5} {ms_x / rms_x:>6.1f}x")
+              f" {nms_x:>5.2f} {nms_x / ops * 1e3:>6.1f} | {ims_x:>6.2f} | {rops:>5} {ms_x / rms_x:>6.1f}x")
     print("excl = without CPU inside EmulatedGPU.host_wait (sync spinning). Targets apply to excl:"
           " <= 25 us/op per op, <= 2 ms/step with replay")
     print(f"host: Python runs {post_sleep_slowdown():.2f}x slower right after a 5 ms sleep than back to back"
-          " (the default-queue replay steps sleep on a full launch queue; 'never full' does not)")
+          " (the default-queue replay steps sleep on a full launch queue; 'never full' does not; 'idle' is"
+          f" 'never full' with the host asleep {IDLE_S * 1e3:.0f} ms before each step: the same emulator work after"
+          " an idle host)")
     print(f"floor: a __torch_dispatch__ subclass doing no work costs {dispatch_floor_us():.1f} us of host CPU per"
           " dispatched op here (torch's own dispatch and autograd)")
     if args.phases:

@@ -595,3 +595,77 @@ def test_a_module_flag_set_after_replay_starts_is_a_new_key(emu: gt.Emulation) -
     model[2].inplace = False
     _sum_step(model, x)  # the first key again: still ready
     assert emu.replay.replayed == 2
+
+
+def _recycling_small(emu: gt.Emulation) -> tuple[torch.nn.Module, torch.Tensor, torch.optim.Optimizer]:
+    """A small model replaying, its gradients recycled from the 4th step on (Note [Recycled gradients])."""
+    model = _small().cuda()
+    x = torch.randn(8, 3, 16, 16, device="cuda")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(4):  # calls 1-2 record; 3 replays and builds the block; 4 reuses it
+        _sum_step(model, x)
+        opt.zero_grad()
+    return model, x, opt
+
+
+# _small()'s gradients above the zero_grad level (see the test above): 84_992 bytes
+_SMALL_GRAD_BYTES = 84_992
+
+
+def test_dropped_gradients_are_recycled_with_their_memory_freed_and_allocated_again(emu: gt.Emulation) -> None:
+    model, x, opt = _recycling_small(emu)
+    weight = model[0].weight
+    _sum_step(model, x)
+    first = weight.grad
+    with_grads = torch.cuda.memory_allocated()
+    first_id = id(first)
+    del first
+    opt.zero_grad()
+    without = torch.cuda.memory_allocated()
+    assert with_grads - without == _SMALL_GRAD_BYTES  # freed at zero_grad(), as new gradients would be
+    _sum_step(model, x)
+    assert id(weight.grad) == first_id  # the same wrapper, handed out again
+    assert torch.cuda.memory_allocated() == with_grads  # and allocated again
+
+
+def test_a_gradient_the_script_keeps_is_not_recycled(emu: gt.Emulation) -> None:
+    model, x, opt = _recycling_small(emu)
+    weight = model[0].weight
+    _sum_step(model, x)
+    kept = weight.grad
+    opt.zero_grad()
+    # the kept gradient holds its whole block (Note [Block wrappers]): nothing freed yet
+    held = torch.cuda.memory_allocated()
+    _sum_step(model, x)
+    assert weight.grad is not kept  # new gradients; the kept one is still the script's
+    # the new block adds the gradients' bytes again on top of the held block
+    assert torch.cuda.memory_allocated() - held == _SMALL_GRAD_BYTES
+    opt.zero_grad()
+    del kept
+    assert torch.cuda.memory_allocated() == held - _SMALL_GRAD_BYTES  # the old block died with its last holder
+
+
+def test_gradients_dropped_by_hand_are_freed_by_the_next_forward(emu: gt.Emulation) -> None:
+    model, x, _opt = _recycling_small(emu)
+    base = torch.cuda.memory_allocated()
+    for _ in range(3):
+        _sum_step(model, x)
+        for p in model.parameters():
+            p.grad = None
+        # the documented lag: gradients dropped by the script's own loop stay allocated until the next call
+        assert torch.cuda.memory_allocated() == base + _SMALL_GRAD_BYTES
+        model(x)  # frees them (its own output and activations die at once): no growth from step to step
+        assert torch.cuda.memory_allocated() == base
+
+
+def test_zero_grad_without_set_to_none_keeps_accumulating_into_the_same_gradients(emu: gt.Emulation) -> None:
+    model, x, opt = _recycling_small(emu)
+    weight = model[0].weight
+    _sum_step(model, x)
+    grad = weight.grad
+    level = torch.cuda.memory_allocated()
+    for _ in range(2):
+        opt.zero_grad(set_to_none=False)  # zeroes in place: the gradients stay
+        _sum_step(model, x)  # adds into them
+        assert weight.grad is grad
+        assert torch.cuda.memory_allocated() == level

@@ -196,10 +196,34 @@ def _plain_zero_grad(zero_grad: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(zero_grad)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if all(set(map(type, group["params"])) <= _EMU_TYPES for group in self.param_groups):
-            with _plain_attrs():
-                return zero_grad(self, *args, **kwargs)
-        return zero_grad(self, *args, **kwargs)
+        try:
+            if all(set(map(type, group["params"])) <= _EMU_TYPES for group in self.param_groups):
+                with _plain_attrs():
+                    return zero_grad(self, *args, **kwargs)
+            return zero_grad(self, *args, **kwargs)
+        finally:
+            release_dropped_grads()
+
+    return wrapper
+
+
+def release_dropped_grads() -> None:
+    """Free the replayed gradients zero_grad() just dropped (Note [Recycled gradients] in replay.py)."""
+    emu = state.current_emulation()
+    replayer = emu.replay if emu is not None else None
+    if replayer is not None and replayer.armed:
+        replayer.release_grads()
+
+
+def _releasing_zero_grad(zero_grad: Callable[..., Any]) -> Callable[..., Any]:
+    """Return Module.zero_grad followed by release_dropped_grads()."""
+
+    @functools.wraps(zero_grad)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return zero_grad(self, *args, **kwargs)
+        finally:
+            release_dropped_grads()
 
     return wrapper
 
@@ -210,6 +234,7 @@ def apply(patcher: Any) -> None:
     from torch.optim.optimizer import Optimizer
 
     patcher.set(Optimizer, "zero_grad", _plain_zero_grad(Optimizer.zero_grad))
+    patcher.set(torch.nn.Module, "zero_grad", _releasing_zero_grad(torch.nn.Module.zero_grad))
 
     original = Optimizer.profile_hook_step
 

@@ -393,9 +393,11 @@ class _ReplayFn(torch.autograd.Function):
             for j, m in zip(plan.block_params, plan.block_metas, strict=True):
                 capture[id(direct[j])] = fresh_on(m[0], m[1], m[2], index, "replay: grad", malloc, stream_id)
             block = ()
+        elif plan.block_metas:
+            assert direct is not None
+            block = _grad_block(plan, direct, alloc, stream_id, emu.replay)
         else:
-            block = fresh_block(plan.block_metas, plan.block_sizes, "replay: grad", alloc, stream_id) if (
-                plan.block_metas) else ()
+            block = ()
         out: list[Any] = [None] * len(needs)
         for i, m in plan.engine:
             out[i] = fresh_on(m[0], m[1], m[2], index, "replay: grad", malloc, stream_id)
@@ -429,6 +431,75 @@ class _ReplayFn(torch.autograd.Function):
         return (None, None, *out)
 
 
+# Note [Recycled gradients]: a replayed training step gives every parameter a new gradient (resnet50: 161 block
+# wrappers, Note [Block wrappers] in tensor.py), and zero_grad() drops them all: building the wrappers and
+# deallocating them was ~0.3 ms of a ~2.3 ms replayed resnet50 step. So a plan keeps the wrappers of its last
+# block (_GradPool) and, once every one of them has been dropped, frees their allocations and hands the same
+# wrappers out again as the next backward's gradients (new allocations, so memory_allocated, its peak and the
+# allocation counts are what new gradients give). "Dropped" means: no parameter holds it as `.grad` and no Python
+# reference other than the pool's exists (sys.getrefcount), and its meta tensor was never built (an op that
+# unwrapped it may have made views or registered its storage). The check runs after Optimizer.zero_grad() and
+# Module.zero_grad(), and at the start of every top-module call (for `p.grad = None` loops of the script's own), so
+# the allocations are freed by the next forward at the latest: a script that drops gradients by hand and reads
+# memory_allocated() before its next forward sees them still allocated. A gradient still held when the next
+# backward needs the plan's block makes the plan let go of the old block (its wrappers then die with their last
+# holder, as before) and build a new one. A recycled gradient is the same Python object as the one the previous
+# step dropped; nothing that dropped it can tell.
+_POOL_REFS = 3  # sys.getrefcount of a dropped gradient in release()'s loop: the pool's list, the loop name, the call
+
+
+class _GradPool:
+    """The gradients a plan's last replayed backward set as `.grad`, for reuse (Note [Recycled gradients])."""
+
+    __slots__ = ("grads", "owner", "params", "released")
+
+    def __init__(self, params: list[torch.Tensor], grads: list[EmuTensor]) -> None:
+        self.params = params
+        self.grads = grads
+        self.owner = grads[0]._own
+        self.released = False
+
+    def release(self) -> bool:
+        """Free the gradients' allocations when every one of them has been dropped; return True if they were."""
+        if self.released:
+            return True
+        getrefcount = sys.getrefcount
+        with _plain_attrs():
+            for p, g in zip(self.params, self.grads, strict=True):
+                if p.grad is g:
+                    return False
+        for g in self.grads:
+            if getrefcount(g) > _POOL_REFS or "_elem" in g.__dict__:
+                return False
+        owner = self.owner
+        owner.free_many(owner.handles)
+        owner.handles = []
+        self.released = True
+        return True
+
+
+def _grad_block(plan: _GradPlan, direct: tuple[torch.nn.Parameter, ...], alloc: Any, stream_id: int,
+                replayer: Any) -> list[EmuTensor]:
+    """Return the block of gradients the replayed backward sets as `.grad`: the plan's recycled wrappers when all
+    were dropped, else new ones (Note [Recycled gradients])."""
+    pool = plan.pool
+    if pool is not None:
+        if pool.release():
+            pool.owner.handles = alloc.malloc_many(plan.block_sizes, stream_id, "replay: grad")
+            pool.released = False
+            if replayer is not None:
+                replayer.armed.append(pool)
+            return pool.grads
+        plan.pool = None  # still held somewhere: its wrappers keep the lifetime of their holders
+        if replayer is not None and pool in replayer.armed:
+            replayer.armed.remove(pool)
+    block = fresh_block(plan.block_metas, plan.block_sizes, "replay: grad", alloc, stream_id)
+    if replayer is not None:
+        pool = plan.pool = _GradPool([direct[j] for j in plan.block_params], block)
+        replayer.armed.append(pool)
+    return block
+
+
 class _GradPlan:
     """Which gradients one replayed backward builds, and how (per needs_input_grad and direct-gradient pattern)."""
 
@@ -448,6 +519,7 @@ class _GradPlan:
             self.block_params = []
         self.block_metas: list[tuple[Any, ...]] = [(*rec.in_meta[first + j], rec.index) for j in self.block_params]
         self.block_sizes = block_sizes([meta_nbytes(mk[:3]) for mk in self.block_metas])
+        self.pool: _GradPool | None = None  # See Note [Recycled gradients]
 
 
 def _tensor_key(t: torch.Tensor) -> tuple[Any, ...]:
@@ -475,6 +547,13 @@ class Replayer:
         self._sink_rec: Recording | None = None
         self._sink_bwd = False
         self._skipped = 0
+        self.armed: list[_GradPool] = []  # gradient pools in use: Note [Recycled gradients]
+
+    def release_grads(self) -> None:
+        """Free the allocations of recycled gradients that were dropped (Note [Recycled gradients])."""
+        armed = self.armed
+        if armed:
+            self.armed = [pool for pool in armed if not pool.release()]
 
     # -- the Module.__call__ patch
 
@@ -485,6 +564,8 @@ class Replayer:
             first = next((v for v in kwargs.values() if isinstance(v, EmuTensor)), None)
         if first is None or self._sink is not None:
             return orig(module, *args, **kwargs)
+        if self.armed:  # gradients dropped by the script's own loop: Note [Recycled gradients]
+            self.release_grads()
         if type(module).__name__ in _NEVER_REPLAY:
             return orig(module, *args, **kwargs)
         with _plain_attrs():  # See Note [Tensor attributes from Python]
