@@ -10,6 +10,12 @@ spec model])).
 Leave-models-out: models split into --folds folds; for each fold refit on all GPUs without those models and
 predict them from the spec model with the fitted per-GPU factors. Fold fits are cached under the gpemu cache dir.
 Prints median and p90 absolute % error for forward, backward and their sum (measured rows only); errors, not verdicts.
+Profile lookups: on the grid the fits use (batch 1, 2, 4, ..., 256: gaps like those of a user's own profile; the data
+has many more batch sizes, whose neighbours would make interpolation look better than it is), each measured row
+left out in turn and looked up from the rest of its series by ProfileDB (interpolated between its neighbours, or
+extrapolated when it was the smallest or largest batch size).
+--write stores the errors of each path in src/gpemu/cost/expected_error.json, which `gpemu predict` shows beside
+each figure (Note [Expected error] in gpemu/cost/expected_error.py); run it after every refit of fitted.json.
 """
 
 from __future__ import annotations
@@ -28,12 +34,14 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from gpemu.cost.calibrate import fit, load_measured_rows
+from gpemu.cost.calibrate import FIT_BATCHES, fit, load_measured_rows
+from gpemu.cost.expected_error import EXPECTED_ERROR_PATH, fitted_sha256
 from gpemu.cost.model import CostParams
 from gpemu.cost.predict import borrow_factors, model_phase_seconds
 from gpemu.cost.similarity import source_distance
 from gpemu.hardware import get_gpu
 from gpemu.paths import cache_dir
+from gpemu.profiles.db import ProfileDB
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("GPEMU_SHARED_DATA", REPO.parent / "shared" / "data")) / "gpemu-profiles" / "ROWS.csv"
@@ -162,6 +170,69 @@ def leave_models_out(rows: pd.DataFrame, steps: int, folds: int, use_cache: bool
     return pd.concat(out)
 
 
+def profile_lookup_errors(rows: pd.DataFrame) -> dict[str, dict[str, np.ndarray]]:
+    """Return absolute % errors of ProfileDB lookups with each measured row of the fit grid left out of its series:
+    "interpolated" (an inner batch size, from its neighbours) and "extrapolated" (the smallest or largest)."""
+    out: dict[str, dict[str, list[float]]] = {"interpolated": {}, "extrapolated": {}}
+    grid = rows[rows["batch_size"].isin(FIT_BATCHES)]
+    for (gpu, workload, phase), grp in grid.groupby(["gpu", "workload", "phase"]):
+        grp = grp.sort_values("batch_size")
+        if len(grp) < 3:
+            continue
+        table = pd.DataFrame({"gpu": gpu, "workload": workload, "phase": phase, "batch_size": grp["batch_size"],
+                              "dtype": "fp32", "value": grp["value"], "unit": "s", "measured": 1,
+                              "source": "held-out check"})
+        for i in range(len(table)):
+            db = ProfileDB.from_rows(table.drop(table.index[i]))
+            est = db.lookup(str(gpu), str(workload), str(phase), int(table["batch_size"].iloc[i]), warn=False)
+            bucket = out[est.kind].setdefault(str(phase), [])
+            bucket.append(abs(est.value / float(table["value"].iloc[i]) - 1) * 100)
+    return {kind: {ph: np.array(v) for ph, v in by_phase.items()} for kind, by_phase in out.items()}
+
+
+def _figures(errs: np.ndarray) -> dict[str, float | int]:
+    return {"median_abs_pct": round(float(np.median(errs)), 2), "p90_abs_pct": round(float(np.percentile(errs, 90)), 2),
+            "rows": len(errs)}
+
+
+def write_expected_error(path: Path, rows: pd.DataFrame, lookups: dict[str, dict[str, np.ndarray]],
+                         logo: pd.DataFrame, lmo: pd.DataFrame | None, steps: int) -> None:
+    """Write the per-path errors to expected_error.json, keeping its published-data entries (Note [Expected error])."""
+    old = json.loads(path.read_text()) if path.exists() else {}
+    paths = {k: v for k, v in old.get("paths", {}).items() if k.startswith("published")}
+    gpus = ", ".join(sorted(rows["gpu"].unique()))
+    paths["profile-interpolation"] = {
+        "basis": "each measured row of the GPEmu profiles (batch 1, 2, 4, ..., 256) left out and interpolated "
+                 "from its neighbours",
+        **{ph: _figures(e) for ph, e in lookups["interpolated"].items()}}
+    paths["profile-extrapolation"] = {
+        "basis": "the smallest / largest measured batch size of each series left out and extrapolated from the rest",
+        **{ph: _figures(e) for ph, e in lookups["extrapolated"].items()}}
+    for key, col, basis in (
+            ("scaled-from", "pred_closest", f"leave-one-GPU-out over {gpus}: the held-out GPU scaled from the "
+                                            "nearest GPU that measured the model"),
+            ("spec-model", "pred", f"leave-one-GPU-out over {gpus}: the held-out GPU from its spec and the "
+                                   "nearest fitted GPU's factors")):
+        errs = _errors(logo, col)
+        paths[key] = {"basis": basis, **{ph: _figures(errs[ph]) for ph in ("forward", "backward", "sum")}}
+    if lmo is not None and len(lmo):
+        errs = _errors(lmo)
+        paths["spec-model, unseen model"] = {
+            "basis": "leave-models-out (5 folds over the GPEmu models): models the fit never saw, from the spec",
+            **{ph: _figures(errs[ph]) for ph in ("forward", "backward", "sum")}}
+    elif "spec-model, unseen model" in old.get("paths", {}):
+        paths["spec-model, unseen model"] = old["paths"]["spec-model, unseen model"]
+    table = {
+        "note": f"bench/predict_validation.py --write ({steps}-step fold fits), "
+                f"{time.strftime('%Y-%m-%d')}, on {len(rows)} measured fp32 rows of GPEmu's ROWS.csv",
+        "fitted_sha256": fitted_sha256(),
+        "models": sorted(rows["workload"].unique()),
+        "paths": paths,
+    }
+    path.write_text(json.dumps(table, indent=1) + "\n")
+    console.print(f"wrote {path}")
+
+
 def main() -> None:
     """Run both validations and print the tables."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -170,6 +241,8 @@ def main() -> None:
     parser.add_argument("--no-cache", action="store_true", help="refit even when a cached fold fit exists")
     parser.add_argument("--no-per-gpu", action="store_true", help="LOGO fits without per-GPU factors")
     parser.add_argument("--skip-lmo", action="store_true", help="skip the leave-models-out part")
+    parser.add_argument("--write", action="store_true",
+                        help=f"store each path's errors in {EXPECTED_ERROR_PATH.relative_to(REPO)}")
     args = parser.parse_args()
     if not DATA.exists():
         raise SystemExit(f"shared data not found: {DATA}")
@@ -227,6 +300,15 @@ def main() -> None:
     for spec_med, model, close_med, lmo_med, bad in sorted(records, reverse=True):
         worst.add_row(model, f"{spec_med:.1f}", f"{close_med:.1f}", f"{lmo_med:.1f}", bad)
     console.print(worst)
+    lookups = profile_lookup_errors(rows)
+    table = _table("Profile lookups: each measured row left out of its series (ProfileDB)")
+    for kind, by_phase in lookups.items():
+        table.add_row(kind, *[c for ph in ("forward", "backward") for c in (
+            f"{np.median(by_phase[ph]):.1f}", f"{np.percentile(by_phase[ph], 90):.1f}")], "-", "-",
+            str(sum(len(v) for v in by_phase.values())))
+    console.print(table)
+    if args.write:
+        write_expected_error(EXPECTED_ERROR_PATH, rows, lookups, logo, None if args.skip_lmo else lmo, args.steps)
     console.print(f"done in {time.perf_counter() - t0:.0f} s (fits: {args.steps} steps; cache: "
                   f"{'off' if args.no_cache else 'on'})")
 

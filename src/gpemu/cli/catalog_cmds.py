@@ -162,16 +162,25 @@ def predict(
         return
     fmt = "" if memory_format == "nchw" else f", {memory_format}"
     table = Table(title=f"{out['model']} on {out['gpu']}, batch {out['batch_size']}, {out['dtype']}{fmt}")
-    for col in ("phase", "seconds", "source", "from"):
+    for col in ("phase", "seconds", "source", "expected |error|", "from"):
         table.add_column(col)
+    bases: dict[str, str] = {}
     for name, ph in out["phases"].items():
-        table.add_row(name, _fmt_seconds(ph.get("seconds")), ph["source"], str(ph.get("provenance", "")))
+        err = ph.get("expected_error")
+        trust = "-" if err is None else f"~{err['median_abs_pct']:.0f}% (p90 {err['p90_abs_pct']:.0f}%)"
+        if err is not None:
+            bases.setdefault(err["basis"], name)
+        table.add_row(name, _fmt_seconds(ph.get("seconds")), ph["source"], trust, str(ph.get("provenance", "")))
     mem = out["memory"]
     if mem is not None:
         for key in ("peak_mib", "persistent_mib"):
             value = mem.get(key)
-            table.add_row(key, "-" if value is None else f"{value:.1f} MiB", mem["source"], mem.get("provenance", ""))
+            table.add_row(key, "-" if value is None else f"{value:.1f} MiB", mem["source"], "-",
+                          mem.get("provenance", ""))
     console.print(table)
+    for basis in bases:  # See Note [Expected error] in gpemu/cost/expected_error.py
+        console.print(f"expected |error| = median (p90) absolute error of this path on held-out real measurements: "
+                      f"{basis}", highlight=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -36,16 +36,19 @@ def check_model(model: str, db: ProfileDB) -> None:
         raise UnknownNameError("model", model, choices)
 
 
-def input_bytes(model: str, batch_size: int) -> tuple[int, str]:
-    """Return (bytes of one input batch, how it was sized): images 3x224x224 fp32, or 512 int64 tokens for LMs."""
-    kind = "vision"
+def _model_kind(model: str) -> str:
+    """Return "lm" or "vision" (a model unknown to the zoo, only profiled, is one of GPEmu's image classifiers)."""
     try:
         from gpemu.workloads.models import model_kind
 
-        kind = model_kind(model)
-    except Exception:  # unknown to the zoo (e.g. only profiled): GPEmu's models are all image classifiers
-        kind = "vision"
-    if kind == "lm":
+        return model_kind(model)
+    except Exception:
+        return "vision"
+
+
+def input_bytes(model: str, batch_size: int) -> tuple[int, str]:
+    """Return (bytes of one input batch, how it was sized): images 3x224x224 fp32, or 512 int64 tokens for LMs."""
+    if _model_kind(model) == "lm":
         return batch_size * TOKEN_INPUT_BYTES_PER_SAMPLE, f"B x 512 int64 tokens = {batch_size} x 4096 bytes"
     return batch_size * IMAGE_INPUT_BYTES_PER_SAMPLE, f"B x 3x224x224 fp32 = {batch_size} x 602112 bytes"
 
@@ -120,13 +123,27 @@ def memory_estimate(spec: GPUSpec, model: str, batch_size: int, dtype: str, db: 
     }
 
 
-def _json_phase(est: Estimate) -> dict[str, Any]:
+def _json_phase(est: Estimate, trust: Any = None) -> dict[str, Any]:
     out: dict[str, Any] = dict(est.to_json())
     if "seconds" not in out:  # a missing estimate has an empty or odd unit
         out = {"seconds": est.value, **{k: v for k, v in out.items() if k != est.unit}}
     if isinstance(out["seconds"], float) and math.isnan(out["seconds"]):
         out["seconds"] = None
+    if trust is not None:
+        out["expected_error"] = trust.to_json()
     return out
+
+
+def phase_expected_error(est: Estimate, model: str, phase: str, dtype: str) -> Any:
+    """Return the ExpectedError of the path behind a forward/backward estimate, or None (measured, missing, or no
+    validation of that path). See Note [Expected error] in gpemu.cost.expected_error."""
+    if not est.ok:
+        return None
+    try:
+        from gpemu.cost.expected_error import expected_error, seen_models
+    except ImportError:  # pragma: no cover - cost package not installed
+        return None
+    return expected_error(est.path, est.kind, phase, dtype, _model_kind(model), model in seen_models())
 
 
 def predict_step(
@@ -155,6 +172,7 @@ def predict_step(
         "batch_size": batch_size,
         "dtype": dtype,
         "memory_format": memory_format,
-        "phases": {name: _json_phase(est) for name, est in phases.items()},
+        "phases": {name: _json_phase(est, phase_expected_error(est, model, name, dtype) if name != "h2d" else None)
+                   for name, est in phases.items()},
         "memory": memory_estimate(spec, model, batch_size, dtype, db),
     }

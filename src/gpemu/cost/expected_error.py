@@ -1,0 +1,99 @@
+"""How far to trust a figure: the validation error of the path that produced it (Note [Expected error])."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# Note [Expected error]: every figure gpemu gives names where it came from (Estimate.kind / path); a researcher also
+# needs to know how far off such a figure has been when it could be checked. expected_error.json holds, per path,
+# the absolute % errors that path made on held-out real measurements:
+# - "profile-interpolation" / "profile-extrapolation": each measured row of ../shared/data left out in turn and
+#   looked up from the rest of its series by ProfileDB (linear between the neighbouring batch sizes; the
+#   least-squares line through the end of the range);
+# - "scaled-from": leave-one-GPU-out, the held-out GPU scaled from the nearest GPU that measured the model;
+# - "spec-model": the same folds from the spec alone; "spec-model, unseen model": leave-models-out (the model was
+#   not in the fit: a user's own module, a torchvision model outside the data);
+# - "published-models" / "published-layers": 16-bit and TF32 predictions have no measured rows in ../shared/data,
+#   so their figures are the published real-GPU throughputs of bench/published_validation.py (whole CNNs; BERT and
+#   GPT-2 layers for language models).
+# Written by `bench/predict_validation.py --write` and `bench/published_validation.py --write`, never by hand; the
+# file records the fitted.json it was measured against (`fitted_sha256`) and a test fails when fitted.json has
+# changed since, so a refit without a re-validation does not ship old error figures. The figures are of the fp32
+# GPEmu rows (36 CNNs, 5 GPUs from K80 to V100): a GPU generation or model family far from those can do worse.
+EXPECTED_ERROR_PATH = Path(__file__).with_name("expected_error.json")
+FITTED_PATH = Path(__file__).with_name("fitted.json")
+_TENSOR_CORE_DTYPES = frozenset({"tf32", "fp16", "bf16", "amp", "amp_bf16"})
+
+
+@dataclass(frozen=True)
+class ExpectedError:
+    """Absolute % error of one prediction path on held-out real measurements."""
+
+    median_pct: float
+    p90_pct: float
+    rows: int
+    basis: str
+
+    def short(self) -> str:
+        """Return e.g. '~7% (p90 22%)'."""
+        return f"~{self.median_pct:.0f}% (p90 {self.p90_pct:.0f}%)"
+
+    def to_json(self) -> dict[str, object]:
+        """Return the `predict --json` object."""
+        return {"median_abs_pct": round(self.median_pct, 2), "p90_abs_pct": round(self.p90_pct, 2),
+                "rows": self.rows, "basis": self.basis}
+
+
+def fitted_sha256(path: Path = FITTED_PATH) -> str:
+    """Return the SHA-256 of fitted.json's bytes (what an expected_error.json was measured against)."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@functools.cache
+def load_table(path: Path = EXPECTED_ERROR_PATH) -> dict[str, Any]:
+    """Return the packaged expected_error.json ({} when absent)."""
+    if not path.exists():
+        return {}
+    return json.loads(path.read_text())  # type: ignore[no-any-return]
+
+
+def table_key(path: str, kind: str, dtype: str = "fp32", model_kind: str = "vision",
+              seen_model: bool = True) -> str | None:
+    """Return the expected_error.json entry for an Estimate's (path, kind), or None for a measured figure."""
+    if kind == "measured":
+        return None
+    if kind in ("interpolated", "extrapolated"):
+        return "profile-interpolation" if kind == "interpolated" else "profile-extrapolation"
+    if dtype in _TENSOR_CORE_DTYPES:
+        return "published-layers" if model_kind == "lm" else "published-models"
+    if path.startswith("scaled-from"):
+        return "scaled-from"
+    if path == "spec-model":
+        return "spec-model" if seen_model else "spec-model, unseen model"
+    return None
+
+
+def expected_error(path: str, kind: str, phase: str, dtype: str = "fp32", model_kind: str = "vision",
+                   seen_model: bool = True) -> ExpectedError | None:
+    """Return the validation error of the path that produced a forward/backward figure (None when there is none)."""
+    key = table_key(path, kind, dtype, model_kind, seen_model)
+    table = load_table()
+    entry = table.get("paths", {}).get(key) if key else None
+    if not entry:
+        return None
+    figures = entry.get(phase) or entry.get("step")
+    if not figures:
+        return None
+    note = table.get("published_note" if key and key.startswith("published") else "note", "expected_error.json")
+    return ExpectedError(float(figures["median_abs_pct"]), float(figures["p90_abs_pct"]), int(figures["rows"]),
+                         f"{entry['basis']} ({note})")
+
+
+def seen_models() -> frozenset[str]:
+    """Return the models whose measured rows the packaged fit saw (the validation's rows)."""
+    return frozenset(load_table().get("models", ()))
