@@ -190,3 +190,28 @@ def test_an_evaluation_forward_takes_the_training_forwards_scale(tmp_path: Path,
         assert eval_gpu_s(3) < per_op_s * scale  # batch 3 was never trained: per-op prices, unscaled
     finally:
         gt.uninstall()
+
+
+def test_the_report_names_the_expected_error_of_a_phase_prediction(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpemu.cost.expected_error import load_table
+    from gpemu.report.hooks import _timing_sources
+    from gpemu.report.summary import timing_line
+
+    monkeypatch.setenv("GPEMU_PROFILE_DIR", str(tmp_path))  # no measured rows: resnet18 on an H100 is spec-model
+    gt.install("h100", replay=False)
+    try:
+        model = torchvision.models.resnet18().cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x = torch.randn(2, 3, 224, 224, device="cuda")
+        for _ in range(2):
+            _step_gpu_s(model, x, opt)
+        sources = _timing_sources()
+    finally:
+        gt.uninstall()
+    fwd = load_table()["paths"]["spec-model"]["forward"]  # resnet18 is in the fit: leave-one-GPU-out spec figures
+    short = f"~{fwd['median_abs_pct']:.0f}% (p90 {fwd['p90_abs_pct']:.0f}%)"
+    assert sources["phase_predictions"]["resnet18/2/fp32/forward"][1:] == ["spec-model", short]
+    line = timing_line({"compute_s_by_source": {"phase-predicted": 1.0}, "calibrated_pct": 0.0, **sources})
+    assert f"resnet18/2/fp32/forward {sources['phase_predictions']['resnet18/2/fp32/forward'][0] * 1e3:.1f} ms " \
+           f"spec-model, expected |error| {short}" in line

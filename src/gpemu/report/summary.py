@@ -255,7 +255,9 @@ def timing_line(timing: dict[str, Any]) -> str:
         parts.append(f"{pct:.0f}% calibrated to measured profiles{which}")
     if phase_s > 0.0:
         preds = timing.get("phase_predictions") or {}
-        which = " (" + ", ".join(f"{k} {v[0] * 1e3:.1f} ms {v[1]}" for k, v in sorted(preds.items())) + ")" if preds else ""
+        which = " (" + ", ".join(f"{k} {v[0] * 1e3:.1f} ms {v[1]}" + (
+            f", expected |error| {v[2]}" if len(v) > 2 and v[2] else "") for k, v in sorted(preds.items())) + ")" if (
+            preds) else ""
         parts.append(f"{100.0 * phase_s / total:.0f}% scaled to gpemu's phase predictions{which}")
     if not parts:
         return f"GPU time: all predicted per op by {model} (no measured profile or phase prediction matched)"
