@@ -414,6 +414,8 @@ class _ReplayFn(torch.autograd.Function):
                         p.grad = g
                     else:
                         grad.add_(g)
+            if plan.pool is not None and emu.replay is not None:  # only now: its gradients are held as `.grad`
+                emu.replay.armed.append(plan.pool)
         if plan.added:  # one at a time, each freed after its add, as AccumulateGrad does
             assert direct is not None
             with _plain_attrs():
@@ -484,19 +486,16 @@ def _grad_block(plan: _GradPlan, direct: tuple[torch.nn.Parameter, ...], alloc: 
     were dropped, else new ones (Note [Recycled gradients])."""
     pool = plan.pool
     if pool is not None:
+        if replayer is not None and pool in replayer.armed:  # the caller arms it again once the grads are set
+            replayer.armed.remove(pool)
         if pool.release():
             pool.owner.handles = alloc.malloc_many(plan.block_sizes, stream_id, "replay: grad")
             pool.released = False
-            if replayer is not None:
-                replayer.armed.append(pool)
             return pool.grads
         plan.pool = None  # still held somewhere: its wrappers keep the lifetime of their holders
-        if replayer is not None and pool in replayer.armed:
-            replayer.armed.remove(pool)
     block = fresh_block(plan.block_metas, plan.block_sizes, "replay: grad", alloc, stream_id)
     if replayer is not None:
-        pool = plan.pool = _GradPool([direct[j] for j in plan.block_params], block)
-        replayer.armed.append(pool)
+        plan.pool = _GradPool([direct[j] for j in plan.block_params], block)
     return block
 
 
