@@ -219,3 +219,44 @@ def test_spatial_cuda_core_convolutions_add_compute_and_transform_traffic() -> N
     ops = op_arrays(recs)
     kern = kernel_seconds(ops.flops, ops.bytes, spec_columns(ops, v100, 0.7), shared, params.factors(v100))
     assert kern.tolist() == pytest.approx([7e-3, 1.4e11 / (112e12 * 0.7)])
+
+
+def test_group_width_is_read_from_the_weight() -> None:
+    from gpemu.cost.model import conv_group_width
+
+    x = (8, 256, 56, 56)
+    # ResNeXt-101 32x8d's first grouped conv: 256 channels in 32 groups, weight (256, 256 / 32 = 8, 3, 3)
+    assert conv_group_width("convolution", "conv_grouped", (x, (256, 8, 3, 3))) == 8.0
+    assert conv_group_width("convolution", "conv_grouped", (x, (256, 1, 3, 3))) == 1.0  # depthwise
+    assert conv_group_width("convolution_backward", "conv_grouped", (x, x, (256, 8, 3, 3))) == 8.0
+    assert conv_group_width("convolution", "conv", (x, (256, 256, 3, 3))) == 1.0  # dense: not a grouped op
+
+
+def test_group_efficiency_runs_from_depthwise_to_dense_in_log_space() -> None:
+    from gpemu.cost.model import group_efficiency
+
+    e_g, e_d, half = 0.1, 0.9, 16.0
+    assert float(group_efficiency(e_g, e_d, 1.0, half)) == pytest.approx(0.1)  # depthwise: unchanged
+    # half way (g - 1 = half): the geometric mean sqrt(0.1 * 0.9) = 0.3
+    assert float(group_efficiency(e_g, e_d, 17.0, half)) == pytest.approx(0.3)
+    assert float(group_efficiency(e_g, e_d, 1e6, half)) == pytest.approx(0.9, rel=1e-4)  # wide groups: dense
+
+
+def test_a_wide_grouped_convolution_is_priced_faster_than_a_depthwise_one() -> None:
+    from gpemu.cost.model import group_efficiency
+    from gpemu.cost.registry import OpCost
+    from gpemu.cost.roofline import cost_time_s
+
+    v100, params = get_gpu("v100"), load_params()
+    p, a = params.shared, params.factors(get_gpu("v100"))["a"]
+    flops = 2 * 64 * 256 * 8 * 9 * 56 * 56  # batch 64, 256 out channels, 8 in per group, 3x3 kernel, 56x56 output
+    cost = OpCost(float(flops), 1e3, "conv_grouped")  # 1 kB: compute-bound
+    depthwise = cost_time_s(cost, "convolution", v100, params, group_width=1.0)
+    wide = cost_time_s(cost, "convolution", v100, params, group_width=8.0)
+    # same FLOPs, efficiency e_grouped vs group_efficiency(e_grouped, e_conv_1x1, 8): compute time scales by the ratio
+    ratio = float(group_efficiency(p["e_grouped"], p["e_conv_1x1"], 8.0, p["group_width_half"])) / p["e_grouped"]
+    latency = p["k0"]
+    compute = (flops + p["w_half"] * v100.sm_count) / (v100.peak_tflops["fp32"] * 1e12 * p["e_grouped"] * a)
+    assert depthwise == pytest.approx(compute + latency, rel=1e-6)
+    assert wide == pytest.approx(compute / ratio + latency, rel=1e-6)
+    assert ratio > 1

@@ -77,3 +77,13 @@ def test_memory_limit_env(monkeypatch: pytest.MonkeyPatch) -> None:
         assert emu.gpu_key == "t4"
     finally:
         gt.uninstall()
+
+
+@pytest.mark.parametrize(("gpu", "threads"), [("v100", 2048), ("t4", 1024), ("a10", 1536), ("a100", 2048)])
+def test_resident_threads_per_sm_follow_the_compute_capability(gpu: str, threads: int) -> None:
+    # CUDA C++ Programming Guide, max resident threads per SM: 7.0 / 8.0 2048, 7.5 (Turing) 1024, 8.6 (GA10x) 1536
+    gt.install(gpu)
+    try:
+        assert torch.cuda.get_device_properties(0).max_threads_per_multi_processor == threads
+    finally:
+        gt.uninstall()

@@ -39,7 +39,7 @@ MEMORY_CATEGORIES: tuple[str, ...] = tuple(c for c in CATEGORIES if c not in COM
 SHARED_PARAMS: tuple[str, ...] = (
     "e_conv", "e_conv_bwd", "e_grouped", "e_grouped_bwd", "e_matmul", "e_conv_1x1", "e_conv_1x1_bwd", "w_half", "m_elementwise", "m_norm",
     "m_other", "m_elementwise_bwd", "m_norm_bwd", "m_other_bwd", "mem_lat_cycles", "k0", "h", "h_bwd", "h_view", "t0",
-    "t0_bwd", "bn_plane_half", "m_conv", "m_conv_bwd",
+    "t0_bwd", "bn_plane_half", "m_conv", "m_conv_bwd", "group_width_half",
 )
 PER_GPU_PARAMS: tuple[str, ...] = ("a", "b", "c")  # compute, memory and host factors
 BORROWED_PARAMS: tuple[str, ...] = ("a", "b")  # what an unfitted GPU takes from its nearest fitted one (not the host)
@@ -88,7 +88,7 @@ DEFAULT_SHARED: dict[str, float] = {
     "e_conv_1x1_bwd": 0.6, "w_half": 2e6, "m_elementwise": 0.75, "m_norm": 0.6, "m_other": 0.6,
     "m_elementwise_bwd": 0.75, "m_norm_bwd": 0.6, "m_other_bwd": 0.6,
     "mem_lat_cycles": 5e3, "k0": 3e-6, "h": 2e-5, "h_bwd": 1e-5, "h_view": 3e-6, "t0": 3e-4, "t0_bwd": 1e-3,
-    "bn_plane_half": 256.0, "m_conv": 0.3, "m_conv_bwd": 0.3,
+    "bn_plane_half": 256.0, "m_conv": 0.3, "m_conv_bwd": 0.3, "group_width_half": 16.0,
 }
 
 
@@ -211,6 +211,7 @@ class OpArrays:
     relayout_bytes: np.ndarray | None = None  # conv ops: activation bytes (Note [Layout cost]); batch-linear like bytes
     relayout_bytes_per_sample: np.ndarray | None = None
     pointwise: np.ndarray | None = None  # bool: 1x1 convolutions (Note [Pointwise convolutions])
+    group_width: np.ndarray | None = None  # grouped convolutions: input channels per group (Note [Group width])
 
     def at_batch(self, batch_size: float) -> tuple[np.ndarray, np.ndarray]:
         """Return (flops, bytes) at `batch_size` (batch-linear arrays) or the stored ones."""
@@ -232,7 +233,7 @@ class OpArrays:
                         [self.dtype[i] for i in idx], self.tensor_core[idx], self.phase[idx], self.flops[idx],
                         self.bytes[idx], sub(self.flops_per_sample), sub(self.bytes_per_sample), sub(self.views_before),
                         sub(self.plane), sub(self.layout), sub(self.relayout_bytes), sub(self.relayout_bytes_per_sample),
-                        sub(self.pointwise))
+                        sub(self.pointwise), sub(self.group_width))
 
 
 _PHASE_ID = {"forward": 0, "backward": 1, "optimizer": 2}
@@ -265,6 +266,18 @@ def is_pointwise_conv(name: str, category: str, shapes: Sequence[Sequence[int]])
     return all(int(k) == 1 for k in shapes[idx][2:])
 
 
+def conv_group_width(name: str, category: str, shapes: Sequence[Sequence[int]]) -> float:
+    """Return a grouped convolution's input channels per group (1 for depthwise; Note [Group width]), 1.0 for every
+    other op; `shapes` are the op's tensor-argument shapes (the weight is the 2nd, or the 3rd of a
+    convolution_backward)."""
+    if category != "conv_grouped":
+        return 1.0
+    idx = 2 if name == "convolution_backward" else 1
+    if len(shapes) <= idx or len(shapes[idx]) < 3:
+        return 1.0
+    return float(max(1, int(shapes[idx][1])))
+
+
 def _first_shape(record: Any) -> tuple[int, ...]:
     shapes = getattr(record, "in_shapes", ())  # OpRecord-like objects without shapes get no batch-norm ramp
     return tuple(shapes[0]) if shapes else ()
@@ -285,6 +298,8 @@ def op_arrays(records: Sequence[Any]) -> OpArrays:
         relayout_bytes=np.array([float(getattr(r, "relayout_bytes", 0.0)) for r in records], dtype=np.float64),
         pointwise=np.array([is_pointwise_conv(r.name, r.category, getattr(r, "in_shapes", ())) for r in records],
                            dtype=bool),
+        group_width=np.array([conv_group_width(r.name, r.category, getattr(r, "in_shapes", ())) for r in records],
+                             dtype=np.float64),
     )
 
 
@@ -304,6 +319,7 @@ class SpecColumns:
     plane: np.ndarray  # batch-norm plane elements (inf elsewhere), Note [Batch-norm plane size]
     relayout: np.ndarray  # conv ops in a layout not native to their kernel: tensors cuDNN transposes (0 elsewhere)
     staged: np.ndarray  # bool: CUDA-core spatial convolutions, memory and compute add (Note [Staged convolutions])
+    group_width: np.ndarray  # grouped convolutions' input channels per group, 1 elsewhere (Note [Group width])
     bw: float
     sm_count: int
     clock_hz: float
@@ -504,6 +520,8 @@ def spec_columns(ops: OpArrays, spec: GPUSpec, tc_eff: float, m_stream: float = 
         plane=plane,
         relayout=relayout,
         staged=staged,
+        group_width=np.where(np.isin(compute_param, (2, 3)) & ~on_tc, ops.group_width, 1.0) if (
+            ops.group_width is not None) else np.ones(n),
         bw=spec.load_memory_bw_gbps * 1e9,  # See Note [Sustained clock]
         sm_count=spec.sm_count,
         clock_hz=spec.load_clock_mhz * 1e6,
@@ -528,6 +546,27 @@ def plane_efficiency(plane: Any, half: Any) -> torch.Tensor:
     return 1.0 / (1.0 + _t(half) / plane_t)
 
 
+# Note [Group width]
+# A grouped convolution with g input channels per group is g-wide GEMMs side by side. At g = 1 (depthwise: MobileNets,
+# ShuffleNets, MNASNet, EfficientNet, ConvNeXt) cuDNN runs direct, bandwidth-starved kernels, at e_grouped[_bwd] of
+# the peak (fitted ~0.16 / ~0.09); as g grows the per-group GEMM fills the tiles of an implicit-GEMM kernel and the
+# efficiency rises to that of a dense GEMM-like convolution, e_conv_1x1[_bwd] (no Winograd: the grouped kernels do
+# not transform). With one e_grouped for every group width, ResNeXt-101 32x8d (g = 8 to 64) shared the depthwise
+# efficiency: left out of the fit it was predicted 110 % off (median, fwd+bwd), and a RegNet (g = 8 to 528) came
+# out ~3x slower than a ResNet of its FLOPs. Between the two ends, in log space:
+#     log e(g) = log e_grouped + (log e_dense - log e_grouped) * (g - 1) / (g - 1 + group_width_half)
+# group_width_half (channels per group at which the log efficiency is half way) is fitted and shared; only
+# ResNeXt-101 in the data has g > 1, so a fit without it keeps the prior of 16 (half the 32-wide rows of a typical
+# implicit-GEMM tile). Depthwise convolutions (g = 1) are priced as before.
+def group_efficiency(e_grouped: Any, e_dense: Any, group_width: Any, half: Any) -> torch.Tensor:
+    """Return a grouped convolution's compute efficiency at `group_width` input channels per group (Note [Group
+    width])."""
+    g = torch.as_tensor(group_width, dtype=torch.float64)
+    r = (g - 1.0) / (g - 1.0 + _t(half))
+    lo, hi = torch.log(_t(e_grouped)), torch.log(_t(e_dense))
+    return torch.exp(lo + (hi - lo) * r)
+
+
 def kernel_seconds(flops: Any, nbytes: Any, cols: SpecColumns, p: dict[str, Any], f: dict[str, Any],
                    relayout_bytes: Any = None) -> torch.Tensor:
     """Return per-op GPU kernel seconds as a float64 tensor (`p` shared params, `f` per-GPU factors; floats or
@@ -542,6 +581,10 @@ def kernel_seconds(flops: Any, nbytes: Any, cols: SpecColumns, p: dict[str, Any]
     m_op = m_ceiling * f["b"] * ramp
     if cols.stream.any():  # See Note [16-bit streaming]
         m_op = torch.where(torch.as_tensor(cols.stream), cols.m_stream * ramp, m_op)
+    if (cols.group_width > 1).any():  # See Note [Group width]
+        wide = torch.as_tensor(cols.group_width > 1)
+        dense = e[torch.as_tensor(np.where(cols.compute_param == 3, 6, 5))]  # e_conv_1x1 / e_conv_1x1_bwd
+        e_op = torch.where(wide, group_efficiency(e_op, dense, cols.group_width, p["group_width_half"]), e_op)
     has_compute = torch.as_tensor(cols.compute_param >= 0)
     eff = e_op * f["a"]
     if cols.tensor_core.any():  # See Note [Tensor-core efficiency]

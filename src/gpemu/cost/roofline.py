@@ -17,6 +17,8 @@ from gpemu.cost.model import (
     CostParams,
     bn_plane,
     compute_param_index,
+    conv_group_width,
+    group_efficiency,
     is_pointwise_conv,
     load_params,
     mem_param,
@@ -77,7 +79,7 @@ def op_bytes(args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> int:
 
 
 def cost_time_s(cost: OpCost, name: str, spec: GPUSpec, params: CostParams | None = None,
-                plane: float = math.inf, pointwise: bool = False) -> float:
+                plane: float = math.inf, pointwise: bool = False, group_width: float = 1.0) -> float:
     """Return the fitted model's kernel seconds for one op's cost on `spec` (0 for views; no launch overhead);
     `plane` is a batch-norm op's H*W (Note [Batch-norm plane size]); `pointwise` marks a 1x1 convolution (Note
     [Pointwise convolutions])."""
@@ -91,7 +93,11 @@ def cost_time_s(cost: OpCost, name: str, spec: GPUSpec, params: CostParams | Non
     if cidx >= 0:
         peak = peak_flops(spec, cost.dtype, cost.category, cost.tensor_core)
         on_tc = uses_tensor_cores(spec, cost.dtype, cost.category, cost.tensor_core)
-        eff = params.tc_eff if on_tc else p[COMPUTE_PARAMS[cidx]] * f["a"]  # Note [Tensor-core efficiency]
+        e_c = p[COMPUTE_PARAMS[cidx]]
+        if cidx in (2, 3) and group_width > 1:  # See Note [Group width]
+            dense = p["e_conv_1x1_bwd" if cidx == 3 else "e_conv_1x1"]
+            e_c = float(group_efficiency(e_c, dense, group_width, p["group_width_half"]))
+        eff = params.tc_eff if on_tc else e_c * f["a"]  # Note [Tensor-core efficiency]
         compute = (cost.flops + p["w_half"] * spec.sm_count) / (peak * eff)
     backward = name.endswith(("_backward", "_backward_data"))  # the phase is unknown here; named grads are bwd
     staged = bool(staged_conv(np.array([cidx]), np.array([on_tc]))[0])  # See Note [Staged convolutions]
@@ -172,7 +178,8 @@ def op_time_s(func: Any, args: Sequence[Any], kwargs: dict[str, Any], out: Any, 
     plane = bn_plane(name, tuple(first.shape)) if isinstance(first, torch.Tensor) else math.inf
     cost = with_fp32_modes(op_cost(func, args, kwargs, out), spec, modes)
     shapes = [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
-    value = cost_time_s(cost, name, spec, plane=plane, pointwise=is_pointwise_conv(name, cost.category, shapes))
+    value = cost_time_s(cost, name, spec, plane=plane, pointwise=is_pointwise_conv(name, cost.category, shapes),
+                        group_width=conv_group_width(name, cost.category, shapes))
     if len(_cache) >= _CACHE_LIMIT:
         _cache.clear()
     _cache[key] = value

@@ -204,6 +204,16 @@ class DeviceProperties:
         )
 
 
+# Resident threads per SM by compute capability: CUDA C++ Programming Guide, "Technical Specifications per Compute
+# Capability" ("Maximum number of resident threads per SM"); 2048 for every capability not listed.
+_THREADS_PER_SM = {(7, 5): 1024, (8, 6): 1536, (8, 9): 1536, (12, 0): 1536}
+
+
+def max_threads_per_sm(compute_capability: tuple[int, int]) -> int:
+    """Return the maximum resident threads per SM of a compute capability (what occupancy calculators read)."""
+    return _THREADS_PER_SM.get((int(compute_capability[0]), int(compute_capability[1])), 2048)
+
+
 def get_device_properties(device: Any = None) -> DeviceProperties:
     """Return the emulated device's properties."""
     gpu = state.require().devices[device_index(device)]
@@ -216,6 +226,7 @@ def get_device_properties(device: Any = None) -> DeviceProperties:
         multi_processor_count=spec.sm_count,
         L2_cache_size=int(spec.l2_cache_mib * 1024**2),
         uuid=f"GPU-gpemu-{gpu.index:04d}",
+        max_threads_per_multi_processor=max_threads_per_sm(tuple(spec.compute_capability)),  # type: ignore[arg-type]
     )
 
 
