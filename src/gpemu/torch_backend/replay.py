@@ -776,7 +776,7 @@ class Replayer:
     # optimizer_step_in_backward calls a ViT's forward so, which makes its children the top modules), a GAN's
     # D(G(z)). The last one's recording then held the backward of every module before it; replayed, it charged
     # those again beside their own (per-op or replayed) backward: the ViT-L tutorial step read 79.9 ms of GPU time
-    # replayed vs 60.5 per op. When the output gradient of another top module arrives while a backward recording
+    # replayed vs 60.5 per op, pytorch/examples dcgan (G's backward inside D's recording) 18.31 vs 15.78 ms. When the output gradient of another top module arrives while a backward recording
     # is open, the open module's backward has produced the gradient of its input, so its recording ends there and
     # the other module's begins. Ops between two top modules (a ResNet's avgpool and flatten between layer4 and fc,
     # called from the model's own forward) belong to neither: a recording leaves out the backward of autograd nodes
