@@ -187,6 +187,22 @@ def test_evaluation_iterations_are_summarised_apart() -> None:
     assert only["iterations_used"] == 2 and "evaluation" not in only
 
 
+def test_iterations_with_no_gpu_work_are_left_out_not_called_evaluation() -> None:
+    # Note [Iterations with no GPU work]: a `next(iter(loader))` probe before each epoch opens an iteration with
+    # nothing on the device
+    train = {**_row(0.002, 0.0001, 0.0004), "train": True, "emulator_ops": 13}
+    probe = {**_row(0.0006, 0.0, 0.0), "train": False, "emulator_ops": 0}
+    summary = summarize([probe, train, train, train, probe, train, train], warmup=1)
+    assert summary["iterations_used"] == 5  # the 5 training rows after the warm-up row (the first probe)
+    assert "evaluation" not in summary
+    assert "1 iteration(s) with no GPU work left out" in summary["note"]
+    assert summary["wall_s"]["mean"] == pytest.approx(0.002)
+    # an evaluation row (GPU work, no backward) is still summarised apart
+    evaluation = {**_row(0.001, 0.0005, 0.0), "train": False, "emulator_ops": 3}
+    both = summarize([probe, train, train, train, probe, evaluation, train], warmup=1)
+    assert both["evaluation"]["iterations"] == 1 and both["iterations_used"] == 4
+
+
 def test_a_backward_pass_marks_its_iteration_as_training() -> None:
     clock = ManualClock()
     emu = Emulator("v100", clock=clock)

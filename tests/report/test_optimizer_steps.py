@@ -84,3 +84,50 @@ def test_gradient_accumulation_before_the_first_step_adds_no_iterations() -> Non
     # drops those, so only the 3 steps are boundaries: windows 0 and 1 closed, window 2 open.
     assert len(report.collector.iterations) == 3
     assert [w.index for w in report.collector.iterations] == [0, 1, 2]
+
+
+def test_optimizer_steps_inside_backward_end_one_iteration_per_backward() -> None:
+    # Note [Optimizer steps in backward]: one optimizer per parameter, stepped from a post-accumulate-grad hook (the
+    # pytorch/tutorials "optimizer step in backward" idiom)
+    report = RunReport([EmulatedGPU("v100", clock=ManualClock())], print_summary=False)
+    report.patch_optimizer()
+    try:
+        params = [torch.nn.Parameter(torch.zeros(4)) for _ in range(5)]
+        opts = {p: torch.optim.SGD([p], lr=0.1) for p in params}
+
+        def hook(q: torch.Tensor) -> None:
+            opts[q].step()
+            opts[q].zero_grad()
+
+        for p in params:
+            p.register_post_accumulate_grad_hook(hook)
+        for _ in range(3):
+            sum(p.sum() for p in params).backward()
+    finally:
+        report.unpatch_optimizer()
+    # 3 backward passes x 5 fused steps: before the fix each of the 15 steps was a boundary (15 windows); now each
+    # backward pass that stepped is one: 3 boundaries = windows 0 and 1 closed, window 2 open
+    assert len(report.collector.iterations) == 3
+    assert report._steps_seen == 3
+
+
+def test_fused_steps_after_plain_steps_still_end_iterations() -> None:
+    # the tutorial's order: 2 plain steps (backward, step), then 2 backward passes with the steps fused into them
+    report = RunReport([EmulatedGPU("v100", clock=ManualClock())], print_summary=False)
+    report.patch_optimizer()
+    try:
+        _steps(2)
+        params = [torch.nn.Parameter(torch.zeros(4)) for _ in range(3)]
+        opts = {p: torch.optim.SGD([p], lr=0.1) for p in params}
+        def hook(q: torch.Tensor) -> None:
+            opts[q].step()
+
+        for p in params:
+            p.register_post_accumulate_grad_hook(hook)
+        for _ in range(2):
+            sum(p.sum() for p in params).backward()
+    finally:
+        report.unpatch_optimizer()
+    # 2 plain steps + 2 stepping backward passes = 4 boundaries: windows 0-2 closed, window 3 open (before the fix
+    # 2 + 2 x 3 fused steps = 8 boundaries)
+    assert len(report.collector.iterations) == 4

@@ -215,3 +215,49 @@ def test_the_report_names_the_expected_error_of_a_phase_prediction(tmp_path: Pat
     line = timing_line({"compute_s_by_source": {"phase-predicted": 1.0}, "calibrated_pct": 0.0, **sources})
     assert f"resnet18/2/fp32/forward {sources['phase_predictions']['resnet18/2/fp32/forward'][0] * 1e3:.1f} ms " \
            f"spec-model, expected |error| {short}" in line
+
+
+def test_a_frozen_backbone_keeps_the_forward_prediction_and_a_per_op_backward(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    # Note [Frozen parameters]: only the new head trains (pytorch/tutorials transfer_learning's second part)
+    monkeypatch.setenv("GPEMU_PROFILE_DIR", str(tmp_path))  # no measured rows anywhere: the spec-model path
+    batch = 2
+    forward = predict_phase("h100", "resnet18", "forward", batch).value
+    backward = predict_phase("h100", "resnet18", "backward", batch).value
+
+    def third_step(predict: bool) -> tuple[float, float]:
+        """(forward, loss + backward + optimizer) GPU seconds of the third step."""
+        monkeypatch.setenv("GPEMU_PHASE_PREDICT", "1" if predict else "0")
+        gt.install("h100", replay=False)
+        try:
+            stats = gt.current_emulation().devices[0].stats
+            model = torchvision.models.resnet18()
+            for p in model.parameters():
+                p.requires_grad = False
+            model.fc = torch.nn.Linear(512, 2)  # the replaced head: still identified (Note [Replaced heads])
+            model = model.cuda()
+            opt = torch.optim.SGD(model.fc.parameters(), lr=0.1, momentum=0.9)
+            x = torch.randn(batch, 3, 224, 224, device="cuda")
+            for _ in range(3):
+                torch.cuda.synchronize()
+                t0 = stats.work_s["kernel"]
+                out = model(x)
+                torch.cuda.synchronize()
+                t1 = stats.work_s["kernel"]
+                loss = out.float().mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                torch.cuda.synchronize()
+            return t1 - t0, stats.work_s["kernel"] - t1
+        finally:
+            gt.uninstall()
+
+    fwd_per_op, rest_per_op = third_step(predict=False)
+    fwd, rest = third_step(predict=True)
+    assert fwd == pytest.approx(forward, rel=1e-6)  # the forward still takes the prediction
+    assert fwd_per_op < forward
+    # the backward (the head's gradients, SGD on its 2 tensors) stays per op: before, it was scaled up to resnet18's
+    # whole backward prediction
+    assert rest == pytest.approx(rest_per_op, rel=1e-9)
+    assert rest < 0.05 * backward

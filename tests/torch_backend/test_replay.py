@@ -669,3 +669,80 @@ def test_zero_grad_without_set_to_none_keeps_accumulating_into_the_same_gradient
         _sum_step(model, x)  # adds into them
         assert weight.grad is grad
         assert torch.cuda.memory_allocated() == level
+
+
+def _two_top_modules_run(replay: bool) -> tuple[list[float], int]:
+    """Kernel seconds per step of a model called as two top modules in sequence (`model.forward(x)` called
+    directly, a GAN's D(G(z))): the second one's backward runs first, then the first one's."""
+    emu = gt.install("v100", replay=replay)
+    try:
+        torch.manual_seed(0)
+        first = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU()).cuda()
+        second = torch.nn.Linear(512, 10).cuda()
+        x = torch.randn(64, 256, device="cuda")
+        dev = emu.devices[0]
+        step_s = []
+        for _ in range(6):
+            torch.cuda.synchronize()
+            before = dev.stats.work_s["kernel"]
+            second(torch.nn.functional.gelu(first(x))).square().mean().backward()  # an op between the two
+            first.zero_grad()
+            second.zero_grad()
+            torch.cuda.synchronize()
+            step_s.append(dev.stats.work_s["kernel"] - before)
+        return step_s, (emu.replay.replayed if emu.replay is not None else 0)
+    finally:
+        gt.uninstall()
+
+
+def test_top_modules_in_sequence_replay_each_its_own_backward() -> None:
+    # Note [Top modules in sequence]: the second module's backward recording ran until the end of the whole
+    # backward pass, so it held the first module's backward too; replayed, it charged that again beside the first
+    # module's own per-op backward (a ViT called as `model.forward(x)`: 79.9 vs 60.5 ms of GPU time per step), and
+    # the gelu between them, which is in no module, was charged once in a recording and once per op
+    per_op, _ = _two_top_modules_run(replay=False)
+    replayed, n = _two_top_modules_run(replay=True)
+    assert per_op[1:] == pytest.approx([per_op[1]] * 5, rel=1e-9)  # the per-op path charges the same every step
+    # steps 0-1 record both modules; steps 2-5 replay both (2 calls each)
+    assert n == 8
+    assert replayed == pytest.approx(per_op, rel=1e-6)  # chunk sums vs per-op sums: rounding only
+
+
+def _fused_optimizer_peak(replay: bool) -> tuple[int, int]:
+    """Peak bytes of the last step of a model whose per-parameter optimizers step from post-accumulate-grad hooks,
+    registered after 3 plain steps (as in pytorch/tutorials optimizer_step_in_backward), and the calls replayed."""
+    emu = gt.install("v100", replay=replay)
+    try:
+        model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024, bias=False) for _ in range(4)]).cuda()
+        x = torch.randn(8, 1024, device="cuda")
+        for _ in range(3):  # the tutorial's first part: plain steps, so the model's recording is ready
+            model(x).sum().backward()
+            model.zero_grad()
+        replayed_before = emu.replay.replayed if emu.replay is not None else 0
+        opts = {p: torch.optim.SGD([p], lr=0.1) for p in model.parameters()}
+
+        def hook(p: torch.Tensor) -> None:
+            opts[p].step()
+            opts[p].zero_grad()  # the gradient is freed as soon as it is used
+
+        for p in model.parameters():
+            p.register_post_accumulate_grad_hook(hook)
+        for _ in range(4):
+            torch.cuda.reset_peak_memory_stats()
+            model(x).sum().backward()
+        return torch.cuda.max_memory_allocated(), (emu.replay.replayed if emu.replay is not None else 0) - replayed_before
+    finally:
+        gt.uninstall()
+
+
+def test_parameters_whose_gradients_are_consumed_in_backward_keep_the_per_op_peak() -> None:
+    # Note [Gradients consumed in backward]: 4 weights of 1024 x 1024 fp32 = 4 MiB each. Per op each gradient is
+    # freed by its hook before the next one is made; replayed (the recording made before the hooks), all four
+    # existed at once: 33,620,992 bytes, 3 gradients (12 MiB) over the per-op peak less the 3 activations freed first
+    per_op, _ = _fused_optimizer_peak(replay=False)
+    peak, replayed = _fused_optimizer_peak(replay=True)
+    assert replayed == 0
+    # weights 4 x 4,194,304 + input 32,768 (8 x 1024 fp32) + 4 layer outputs 4 x 32,768 + one gradient 4,194,304 +
+    # the scalar loss and its gradient (512 bytes each, the allocator's unit) = 21,136,384
+    assert per_op == 21_136_384
+    assert peak == per_op

@@ -58,6 +58,27 @@ def patched_verify_param_shapes(orig: Callable[..., Any]) -> Callable[..., Any]:
     return _verify_param_shape_across_processes
 
 
+# Note [DDP logger]: DDP's forward asks its C++ Logger to sample runtime stats (iterations
+# 1-10, then every 100th). The Logger times the step with a timer the Reducer made for its parameters' device type,
+# and only CPU and CUDA have one: for emulated (C++ meta) parameters there is none, so the first sampled forward
+# printed a C++ warning straight to stderr ("Time stats are currently only collected for CPU and CUDA devices.
+# Please refer to CpuTimer or CudaTimer ...", logger.cpp) in every one-rank DDP run (pytorch/examples
+# ddp-tutorial-series, minGPT-ddp): it names torch internals, not anything the user did. Without a timer the
+# sampling records no time stats anyway, so an emulated DDP's logger skips it; everything else (construction data,
+# comm hook names, static graph, `_get_ddp_logging_data()`) goes to the real Logger.
+class UntimedDdpLogger:
+    """DDP's C++ Logger for an emulated DDP, without runtime-stats sampling (Note [DDP logger])."""
+
+    def __init__(self, logger: Any) -> None:
+        self._logger = logger  # also keeps the C++ Logger alive: the Reducer holds only a weak reference
+
+    def set_runtime_stats_and_log(self) -> None:
+        """Nothing to sample: the emulated device has no DDP timer."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._logger, name)
+
+
 def init_emulated_ddp(orig: Callable[..., None], ddp: Any, module: torch.nn.Module, args: tuple[Any, ...],
                       kwargs: dict[str, Any]) -> None:
     """Run DistributedDataParallel.__init__ for a module with emulated parameters (Note [DDP on one rank])."""
@@ -76,6 +97,8 @@ def init_emulated_ddp(orig: Callable[..., None], ddp: Any, module: torch.nn.Modu
     reducer = getattr(ddp, "reducer", None)
     if reducer is not None:
         _EMULATED_REDUCERS[id(reducer)] = reducer
+    if getattr(ddp, "logger", None) is not None:
+        ddp.logger = UntimedDdpLogger(ddp.logger)
     # broadcast_buffers: every forward broadcasts the buffers from rank 0, i.e. to itself here (a flatten, a no-op
     # broadcast and an unflatten: ~50 ms of the emulator's host time per resnet50 step for microseconds of GPU time)
     ddp._sync_buffers = lambda: None

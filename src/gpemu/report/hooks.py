@@ -65,6 +65,12 @@ def _torch_backend_recordings() -> Callable[[], int] | None:
 # gradient accumulation and an optimizer, iterations are optimizer steps: the first step comes after several backward
 # passes (nanoGPT: gradient_accumulation_steps of them), whose boundaries were micro-steps, so the first step drops
 # the iterations they opened before it marks its own.
+# Note [Optimizer steps in backward]: optimizers can run inside the backward pass, one per parameter, from
+# `Tensor.register_post_accumulate_grad_hook` (pytorch/tutorials optimizer_step_in_backward_tutorial, which saves the
+# gradients' memory this way). Each of those steps ended an iteration, so a ViT-L/16 step counted as ~290 iterations
+# of a few parameters each. A step taken while the autograd engine runs a graph task is part of that backward
+# pass: the backward pass that ran optimizer steps ends one iteration when it returns, as a step after it would
+# (a reentrant backward nested in it, as activation checkpointing runs, does not).
 
 
 class RunReport:
@@ -96,6 +102,7 @@ class RunReport:
         self._step_hook: Any = None
         self._original_backward: Any = None
         self._steps_seen = 0
+        self._steps_in_backward = 0  # optimizer steps taken inside the running backward pass
         self._backwards_seen = 0
         self._first_backward_iteration: int | None = None  # index of the first iteration a backward pass opened
 
@@ -134,7 +141,8 @@ class RunReport:
     def patch_optimizer(self) -> None:
         """For loops without a DataLoader: each optimizer step ends an iteration (data wait unknown, counted as 0);
         for loops with neither a DataLoader nor an optimizer (manual `p.data.add_(p.grad)` updates), each
-        backward pass after the first does. See Note [Iteration boundaries]."""
+        backward pass after the first does; a backward pass that ran optimizer steps counts as one step. See Note
+        [Iteration boundaries] and Note [Optimizer steps in backward]."""
         import torch
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
@@ -146,13 +154,20 @@ class RunReport:
             report.collector.mark_iteration(0.0)
             report._maybe_flush()
 
-        def _after_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+        def _step_boundary() -> None:
             report._steps_seen += 1
             report.collector.note_training()
             if not report._saw_fetch:
                 if report._steps_seen == 1 and report._first_backward_iteration is not None:
                     report.collector.drop_iterations(report._first_backward_iteration)
                 _boundary()
+
+        def _after_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+            if torch._C._current_graph_task_id() != -1:  # See Note [Optimizer steps in backward]
+                report._steps_in_backward += 1
+                report.collector.note_training()
+                return
+            _step_boundary()
 
         if self._step_hook is None:
             self._step_hook = register_optimizer_step_post_hook(_after_step)
@@ -164,7 +179,10 @@ class RunReport:
                 out = original(*args, **kwargs)
                 report._backwards_seen += 1
                 report.collector.note_training()
-                if not report._saw_fetch and report._steps_seen == 0 and report._backwards_seen >= 2:
+                if report._steps_in_backward and torch._C._current_graph_task_id() == -1:
+                    report._steps_in_backward = 0  # optimizer steps ran inside it: Note [Optimizer steps in backward]
+                    _step_boundary()
+                elif not report._saw_fetch and report._steps_seen == 0 and report._backwards_seen >= 2:
                     if report._first_backward_iteration is None:
                         report._first_backward_iteration = len(report.collector.iterations)
                     _boundary()

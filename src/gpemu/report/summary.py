@@ -117,6 +117,17 @@ def _emulator_warmup(rows: list[dict[str, Any]], warmup: int) -> int:
     return extra
 
 
+# Note [Iterations with no GPU work]: a loop that probes its loader before each epoch (`b_sz =
+# len(next(iter(loader))[0])`, pytorch/examples ddp-tutorial-series) opens an iteration at that fetch in which
+# nothing runs on the device and no backward pass happens; it was counted as an "evaluation iteration (no backward
+# pass)". A row with no backward, no GPU work (launched or running) and no emulated op is neither training nor
+# evaluation: such rows are left out of the means and medians (while other rows remain) and the note counts them.
+def _empty(row: dict[str, Any]) -> bool:
+    """Return True for a row with no backward pass, no GPU work launched or running and no emulated op."""
+    return (not row.get("train", True) and row.get("gpu_work_s") == 0.0 and row.get("gpu_busy_s") == 0.0
+            and row.get("emulator_ops") == 0)
+
+
 def summarize(rows: list[dict[str, Any]], warmup: int = 1) -> dict[str, Any]:
     """Return means/medians over steady-state rows: the first `warmup` and partial iterations are left out."""
     extra = _emulator_warmup(rows, warmup)
@@ -131,6 +142,10 @@ def summarize(rows: list[dict[str, Any]], warmup: int = 1) -> dict[str, Any]:
         steady = [r for r in steady if not r.get("recorded_calls", 0)]
         note += (f"; {len(later)} later iteration(s) left out: the emulator recorded them per op (a new input shape "
                  "or mode)")
+    empty = [r for r in steady if _empty(r)]  # See Note [Iterations with no GPU work]
+    if empty and len(empty) < len(steady):
+        steady = [r for r in steady if not _empty(r)]
+        note += f"; {len(empty)} iteration(s) with no GPU work left out"
     evaluation = [r for r in steady if not r.get("train", True)]
     split = bool(evaluation) and len(evaluation) < len(steady)  # training and evaluation loops: summarise training
     if split:
