@@ -11,7 +11,7 @@ from gpemu.hardware.spec import DTYPE_KEYS
 REQUIRED_KEYS = [
     "k80", "m40", "p100-pcie-16gb", "v100-pcie-32gb", "v100-sxm2-32gb", "t4", "quadro-rtx-6000", "a10",
     "a100-pcie-40gb", "a100-sxm4-40gb", "a100-sxm4-80gb", "l4", "l40s", "h100-sxm5-80gb", "h100-pcie-80gb",
-    "h200-sxm-141gb", "b200",
+    "h200-sxm-141gb", "b200", "rtx3090", "rtx4090", "rtx-a6000", "a40", "a30", "l40", "rtx6000-ada",
 ]  # fmt: skip
 
 # (name a user or tool would type, expected key): GPEmu folder names and torch.cuda.get_device_name() strings.
@@ -37,9 +37,23 @@ ALIASES = [
     ("NVIDIA H100 PCIe", "h100-pcie-80gb"),
     ("NVIDIA H200", "h200-sxm-141gb"),
     ("NVIDIA B200", "b200"),
+    ("NVIDIA GeForce RTX 3090", "rtx3090"),
+    ("NVIDIA GeForce RTX 4090", "rtx4090"),
+    ("NVIDIA RTX A6000", "rtx-a6000"),
+    ("NVIDIA A40", "a40"),
+    ("NVIDIA A30", "a30"),
+    ("NVIDIA L40", "l40"),
+    ("NVIDIA RTX 6000 Ada Generation", "rtx6000-ada"),
     ("v100", "v100-pcie-32gb"),
     ("a100", "a100-sxm4-80gb"),
     ("h100", "h100-sxm5-80gb"),
+    ("3090", "rtx3090"),
+    ("rtx4090", "rtx4090"),
+    ("a6000", "rtx-a6000"),
+    ("RTX-6000-Ada", "rtx6000-ada"),
+    ("rtx6000", "quadro-rtx-6000"),  # the Turing Quadro keeps its short name; the Ada board is rtx6000-ada
+    ("l40", "l40"),
+    ("l40s", "l40s"),
 ]
 
 
@@ -77,7 +91,12 @@ def test_unknown_gpu_suggests_close_names() -> None:
 def test_figures_are_sane_and_cited(spec: GPUSpec) -> None:
     assert set(spec.peak_tflops) == set(DTYPE_KEYS)
     assert spec.peak_tflops["fp32"] > 0 and spec.memory_gib > 0 and spec.memory_bw_gbps > 0 and spec.sm_count > 0
-    if spec.compute_capability >= (7, 0):  # tensor cores from Volta on: fp16 well above fp32 (Ada: 362 / 91.6)
+    if spec.compute_capability in ((8, 6), (8, 9)):
+        # GA10x/AD10x doubled the FP32 CUDA cores, and GeForce boards and the L40 run FP16 tensor math with FP32
+        # accumulate at half rate (Note [FP32-accumulate tensor rate] in gpus.toml): only 2x fp32 there
+        # (RTX 3090: 71 / 35.6 = 1.99; L40: 181.05 / 90.5 = 2.0; RTX 6000 Ada: 364.2 / 91.1 = 4.0).
+        assert spec.peak_tflops["fp16"] >= 1.9 * spec.peak_tflops["fp32"]
+    elif spec.compute_capability >= (7, 0):  # tensor cores from Volta on: fp16 well above fp32 (A100: 312 / 19.5)
         assert spec.peak_tflops["fp16"] >= 3.5 * spec.peak_tflops["fp32"]
     if spec.compute_capability >= (8, 0):  # TF32 and BF16 from Ampere on
         assert spec.peak_tflops["fp32"] <= spec.peak_tflops["tf32"] <= spec.peak_tflops["fp16"]
@@ -89,6 +108,48 @@ def test_figures_are_sane_and_cited(spec: GPUSpec) -> None:
     assert 0 < spec.launch_overhead_us < 20 and 0 < spec.context_mib < 2000
     for figure in ("peak_tflops", "memory_bw_gbps", "h2d_pinned_gbps", "h2d_pageable_gbps"):
         assert spec.sources.get(figure), f"{spec.key}: no source cited for {figure}"
+
+
+def test_geforce_boards_use_the_fp32_accumulate_tensor_rate() -> None:
+    # PyTorch's cuBLAS/cuDNN GEMMs accumulate in FP32; GeForce boards run that at half their FP16-accumulate rate.
+    rtx3090 = get_gpu("NVIDIA GeForce RTX 3090")
+    assert rtx3090.peak_tflops["fp16"] == pytest.approx(142 / 2)  # GA102 whitepaper: 142 FP16-acc, 71 FP32-acc
+    assert rtx3090.peak_tflops["fp32"] == pytest.approx(10496 * 2 * 1.695e9 / 1e12, abs=0.05)  # 35.58
+    rtx4090 = get_gpu("rtx4090")
+    assert rtx4090.peak_tflops["fp16"] == pytest.approx(330.3 / 2, abs=0.06)  # Ada whitepaper: 330.3 / 165.2
+    assert rtx4090.peak_tflops["fp32"] == pytest.approx(16384 * 2 * 2.52e9 / 1e12, abs=0.05)  # 82.58
+    assert rtx4090.peak_tflops["fp16"] < get_gpu("l40s").peak_tflops["fp16"] / 2  # 165.2 < 362.05 / 2 = 181.0
+
+
+def test_professional_boards_run_fp32_accumulate_at_full_rate() -> None:
+    # Datasheet sparse figures halved: A6000 309.7 / 2 = 154.8; A40 299.4 / 2 = 149.7; RTX 6000 Ada FP8
+    # 1457 / 2 / 2 = 364.2 (= 142 SMs x 1024 FLOP/clk x 2.505 GHz). 4x fp32 on these boards, against 2x on GeForce.
+    for name, fp16, fp32 in (("a6000", 154.8, 38.7), ("a40", 149.7, 37.4), ("rtx6000-ada", 364.2, 91.1)):
+        spec = get_gpu(name)
+        assert spec.peak_tflops["fp16"] == pytest.approx(fp16, abs=0.1), name
+        assert spec.peak_tflops["bf16"] == spec.peak_tflops["fp16"], name
+        assert spec.peak_tflops["fp16"] == pytest.approx(4 * fp32, rel=0.01), name
+    assert get_gpu("rtx6000-ada").peak_tflops["fp16"] == pytest.approx(142 * 1024 * 2.505e9 / 1e12, rel=0.001)
+
+
+def test_new_boards_key_figures_match_their_datasheets() -> None:
+    rtx3090 = get_gpu("3090")
+    assert (rtx3090.sm_count, rtx3090.compute_capability, rtx3090.memory_bw_gbps) == (82, (8, 6), 936.0)
+    assert rtx3090.memory_bytes == 24269 * 1024**2  # OOM messages '23.70 GiB total capacity': 23.70 x 1024
+    assert rtx3090.nvlink_gbps == 112.5 / 2  # NVLink bridge 112.5 GB/s bidirectional
+    rtx4090 = get_gpu("rtx4090")
+    assert (rtx4090.sm_count, rtx4090.compute_capability, rtx4090.l2_cache_mib) == (128, (8, 9), 72.0)
+    assert rtx4090.nvlink_gbps == 0.0
+    a30 = get_gpu("NVIDIA A30")
+    assert (a30.compute_capability, a30.memory_bw_gbps, a30.peak_tflops["fp64"]) == ((8, 0), 933.0, 5.2)  # GA100
+    l40 = get_gpu("NVIDIA L40")
+    # Datasheet 90.5 FP32 TFLOPS = 18176 cores x 2 x 2.49 GHz; its tensor rate is half the L40S's.
+    assert l40.peak_tflops["fp32"] == pytest.approx(18176 * 2 * l40.boost_clock_mhz * 1e6 / 1e12, abs=0.05)
+    assert l40.peak_tflops["fp16"] == 181.05 and l40.sm_count == get_gpu("l40s").sm_count == 142
+    for spec in (rtx3090, rtx4090, a30, l40, get_gpu("a40"), get_gpu("rtx6000-ada")):
+        # CUDA reports less than the marketing GiB (ECC / driver reservations).
+        assert 0.9 * spec.memory_gib * 1024 < spec.total_memory_mib < spec.memory_gib * 1024, spec.key
+        assert spec.sources.get("total_memory_mib") and spec.sources.get("sm_count"), spec.key
 
 
 def test_k80_is_one_die_as_cuda_sees_it() -> None:
