@@ -307,7 +307,12 @@ class PhaseTracker:
             self._eval_scale(self._step_key(module, batch))
             return
         self.key = self._step_key(module, batch)
-        self.frozen = self.key is not None and not all(p.requires_grad for p in module.parameters())
+        if self.key is not None:  # See Note [Frozen parameters]
+            from gpemu.torch_backend.replay import all_require_grad
+
+            self.frozen = not all_require_grad(module)
+        else:
+            self.frozen = False
         self._begin("forward")
         self.steps += 1
 

@@ -1205,6 +1205,18 @@ def _walk(module: torch.nn.Module) -> tuple[list[torch.nn.Parameter], tuple[Any,
     return params, (got.key, tuple([p.requires_grad for p in params])), got.hook_free
 
 
+def all_require_grad(module: torch.nn.Module) -> bool:
+    """Return True when every parameter of `module` requires grad (its parameters from the structure cache, Note
+    [Module structure cache]; ~5 us for resnet50's 161 where module.parameters() walks ~100 us)."""
+    got = _structures.get(module)
+    if got is None or got.gen != _structure_gen:
+        got = _structures[module] = _walk_structure(module)
+    if got.params is None:
+        return True
+    with _plain_attrs():  # See Note [Tensor attributes from Python]
+        return all([p.requires_grad for p in got.params])
+
+
 # Note [Gradients consumed in backward]: a post-accumulate-grad hook on a parameter runs right after its gradient
 # lands, and may consume it: an optimizer step per parameter with the gradient freed at once (pytorch/tutorials
 # optimizer_step_in_backward, torchtune's optimizer-in-backward), so gradients never all exist together. A replayed
