@@ -201,6 +201,32 @@ def dispatch_floor_us(iters: int = 2000) -> float:
     return (time.process_time() - c0) / _Inert.dispatched * 1e6
 
 
+def python_calls_per_step(name: str, batch_size: int, steps: int = 5) -> int:
+    """Return the Python-level calls (functions and built-ins, as cProfile counts them) of one replayed step: a count
+    that does not move with the host's speed or load, unlike the CPU columns."""
+    import cProfile
+    import pstats
+
+    emu = gt.install("a100", replay=True)
+    try:
+        for dev in emu.devices:
+            dev.launch_queue_depth = NEVER_FULL
+        model = (torchvision.models.get_model(name) if name != "transformer" else _transformer()).cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        shape = (batch_size, 3, 224, 224) if name != "transformer" else (batch_size, 128, 512)
+        x = torch.randn(*shape, device="cuda")
+        for _ in range(4):
+            step_fn(model, opt, x)
+        profile = cProfile.Profile()
+        profile.enable()
+        for _ in range(steps):
+            step_fn(model, opt, x)
+        profile.disable()
+        return int(pstats.Stats(profile).total_calls) // steps
+    finally:
+        gt.uninstall()
+
+
 def main() -> None:
     """Print the table."""
     p = argparse.ArgumentParser()
@@ -214,7 +240,7 @@ def main() -> None:
           f" {'idle':>6} |")
     print(f"{'model':<12} {'ops/step':>8} | {'total':>6} {'excl':>6} {'us/op':>5} {'excl':>5} |"
           f" {'total':>6} {'excl':>6} {'us/op':>5} {'excl':>5} | {'excl':>5} {'us/op':>6} | {'excl':>6} |"
-          f" {'ops':>5} {'speedup':>7}")
+          f" {'ops':>5} {'speedup':>7} {'calls':>6}")
     for name in ("resnet18", "resnet50", "transformer"):
         per_op_parts: list[float] | None = [] if args.phases else None
         replay_parts: list[float] | None = [] if args.phases else None
@@ -226,9 +252,11 @@ def main() -> None:
         _ims, ims_x, _iops = measure(name, args.steps, args.batch_size, True, NEVER_FULL, idle_s=IDLE_S)
         print(f"{name:<12} {ops:>8} | {ms:>6.1f} {ms_x:>6.1f} {ms / ops * 1e3:>5.1f} {ms_x / ops * 1e3:>5.1f} |"
               f" {rms:>6.2f} {rms_x:>6.2f} {rms / ops * 1e3:>5.1f} {rms_x / ops * 1e3:>5.1f} |"
-              f" {nms_x:>5.2f} {nms_x / ops * 1e3:>6.1f} | {ims_x:>6.2f} | {rops:>5} {ms_x / rms_x:>6.1f}x")
+              f" {nms_x:>5.2f} {nms_x / ops * 1e3:>6.1f} | {ims_x:>6.2f} | {rops:>5} {ms_x / rms_x:>6.1f}x"
+              f" {python_calls_per_step(name, args.batch_size):>6}")
     print("excl = without CPU inside EmulatedGPU.host_wait (sync spinning). Targets apply to excl:"
           " <= 25 us/op per op, <= 2 ms/step with replay")
+    print("calls = Python-level calls (cProfile's count) of one replayed step: independent of the host's speed and load")
     print(f"host: Python runs {post_sleep_slowdown():.2f}x slower right after a 5 ms sleep than back to back"
           " (the default-queue replay steps sleep on a full launch queue; 'never full' does not; 'idle' is"
           f" 'never full' with the host asleep {IDLE_S * 1e3:.0f} ms before each step: the same emulator work after"
