@@ -98,6 +98,14 @@ def timed_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tens
     return [b - a for a, b in itertools.pairwise(marks)]
 
 
+def _setup(name: str, batch_size: int) -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.Tensor]:
+    """Return the model on the emulated GPU, its SGD optimizer and an input batch."""
+    model = (torchvision.models.get_model(name) if name != "transformer" else _transformer()).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    shape = (batch_size, 3, 224, 224) if name != "transformer" else (batch_size, 128, 512)
+    return model, opt, torch.randn(*shape, device="cuda")
+
+
 def measure(name: str, steps: int, batch_size: int, replay: bool, queue_depth: int | None = None,
             phases: list[float] | None = None, idle_s: float = 0.0) -> tuple[float, float, int]:
     """Return (host CPU ms/step, the same without CPU inside host_wait, aten ops dispatched per step); with
@@ -108,10 +116,7 @@ def measure(name: str, steps: int, batch_size: int, replay: bool, queue_depth: i
         if queue_depth is not None:
             for dev in emu.devices:
                 dev.launch_queue_depth = queue_depth
-        model = (torchvision.models.get_model(name) if name != "transformer" else _transformer()).cuda()
-        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        shape = (batch_size, 3, 224, 224) if name != "transformer" else (batch_size, 128, 512)
-        x = torch.randn(*shape, device="cuda")
+        model, opt, x = _setup(name, batch_size)
         # aten ops = outermost __torch_dispatch__ calls (Note [Emulator host time]): counting calls of run_op
         # missed the ops that a handler passes on to it (in-place scalar arithmetic: BatchNorm's
         # num_batches_tracked += 1, a residual `out += identity`)
@@ -211,10 +216,7 @@ def python_calls_per_step(name: str, batch_size: int, steps: int = 5) -> int:
     try:
         for dev in emu.devices:
             dev.launch_queue_depth = NEVER_FULL
-        model = (torchvision.models.get_model(name) if name != "transformer" else _transformer()).cuda()
-        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        shape = (batch_size, 3, 224, 224) if name != "transformer" else (batch_size, 128, 512)
-        x = torch.randn(*shape, device="cuda")
+        model, opt, x = _setup(name, batch_size)
         for _ in range(4):
             step_fn(model, opt, x)
         profile = cProfile.Profile()
