@@ -24,7 +24,8 @@ from typing import Any
 # Written by `bench/predict_validation.py --write` and `bench/published_validation.py --write`, never by hand; the
 # file records the fitted.json it was measured against (`fitted_sha256`) and a test fails when fitted.json has
 # changed since, so a refit without a re-validation does not ship old error figures. The figures are of the fp32
-# GPEmu rows (36 CNNs, 5 GPUs from K80 to V100): a GPU generation or model family far from those can do worse.
+# GPEmu rows (30 CNNs with measured rows, 5 GPUs from K80 to V100): a GPU generation or model family far from those
+# can do worse.
 EXPECTED_ERROR_PATH = Path(__file__).with_name("expected_error.json")
 FITTED_PATH = Path(__file__).with_name("fitted.json")
 _TENSOR_CORE_DTYPES = frozenset({"tf32", "fp16", "bf16", "amp", "amp_bf16"})

@@ -36,7 +36,7 @@ def check_model(model: str, db: ProfileDB) -> None:
         raise UnknownNameError("model", model, choices)
 
 
-def _model_kind(model: str) -> str:
+def workload_kind(model: str) -> str:
     """Return "lm" or "vision" (a model unknown to the zoo, only profiled, is one of GPEmu's image classifiers)."""
     try:
         from gpemu.workloads.models import model_kind
@@ -48,7 +48,7 @@ def _model_kind(model: str) -> str:
 
 def input_bytes(model: str, batch_size: int) -> tuple[int, str]:
     """Return (bytes of one input batch, how it was sized): images 3x224x224 fp32, or 512 int64 tokens for LMs."""
-    if _model_kind(model) == "lm":
+    if workload_kind(model) == "lm":
         return batch_size * TOKEN_INPUT_BYTES_PER_SAMPLE, f"B x 512 int64 tokens = {batch_size} x 4096 bytes"
     return batch_size * IMAGE_INPUT_BYTES_PER_SAMPLE, f"B x 3x224x224 fp32 = {batch_size} x 602112 bytes"
 
@@ -143,7 +143,7 @@ def phase_expected_error(est: Estimate, model: str, phase: str, dtype: str) -> A
         from gpemu.cost.expected_error import expected_error, seen_models
     except ImportError:  # pragma: no cover - cost package not installed
         return None
-    return expected_error(est.path, est.kind, phase, dtype, _model_kind(model), model in seen_models())
+    return expected_error(est.path, est.kind, phase, dtype, workload_kind(model), model in seen_models())
 
 
 def predict_step(

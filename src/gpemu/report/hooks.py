@@ -294,11 +294,11 @@ def _timing_sources() -> dict[str, Any]:
                            "phase_predictions": described.get("phase_predicted", {})}
     with contextlib.suppress(Exception):  # See Note [Expected error] in gpemu/cost/expected_error.py
         from gpemu.cost.expected_error import expected_error, seen_models
-        from gpemu.profiles.step import _model_kind
+        from gpemu.profiles.step import workload_kind
 
         for label, entry in out["phase_predictions"].items():
             parts = label.split("/")  # workload/batch/dtype[/channels_last]/phase
-            err = expected_error(str(entry[1]), "predicted", parts[-1], parts[2], _model_kind(parts[0]),
+            err = expected_error(str(entry[1]), "predicted", parts[-1], parts[2], workload_kind(parts[0]),
                                  parts[0] in seen_models())
             out["phase_predictions"][label] = [*entry, err.short() if err is not None else None]
     with contextlib.suppress(Exception):  # a report must never fail on its provenance line
