@@ -35,3 +35,20 @@ def test_fit_beats_the_priors(shared_data: Path) -> None:
     fitted = fit(rows, steps=40)
     prior = CostParams(dict(DEFAULT_SHARED))
     assert _median_abs_error_pct(rows, fitted) < 0.5 * _median_abs_error_pct(rows, prior)
+
+
+def test_a_targeted_refit_moves_only_the_named_constants(shared_data: Path) -> None:
+    import pytest
+
+    from gpemu.cost.model import load_params
+    from gpemu.errors import GpemuError
+
+    rows = load_measured_rows(shared_data / "gpemu-profiles" / "ROWS.csv")
+    rows = rows[rows["workload"].isin(["mobilenet_v2", "resnext101_32x8d"]) & (rows["gpu"] == "v100-pcie-32gb")]
+    start = load_params()
+    refit = fit(rows, steps=15, free=["e_grouped", "group_width_half"], start=start)
+    moved = {k for k in start.shared if not np.isclose(refit.shared[k], start.shared[k], rtol=1e-12)}
+    # Note [Targeted refits]: only the named constants (and the per-GPU factors) move, from the packaged values
+    assert moved <= {"e_grouped", "group_width_half"} and "e_grouped" in moved
+    with pytest.raises(GpemuError, match="unknown shared constant 'e_groupd'; did you mean e_grouped"):
+        fit(rows, steps=1, free=["e_groupd"], start=start)

@@ -29,7 +29,7 @@ from gpemu.cost.model import (
     spec_columns,
 )
 from gpemu.cost.predict import _phase_mask, _subset, batch_linear_ops
-from gpemu.errors import GpemuError
+from gpemu.errors import GpemuError, closest
 from gpemu.hardware import get_gpu
 
 # Powers of two plus a few in between: enough to pin the curves, leaving most measured rows for validation.
@@ -148,9 +148,11 @@ def _fit(rows: pd.DataFrame, gpus: list[str], batches: Sequence[int], per_gpu: b
     logp = _log_init()
     logf = {g: {k: torch.zeros((), dtype=torch.float64, requires_grad=per_gpu) for k in PER_GPU_PARAMS} for g in gpus}
     if free is not None:  # See Note [Targeted refits]
-        unknown = sorted(set(free) - set(SHARED_PARAMS))
-        if unknown:
-            raise GpemuError(f"unknown shared constant(s) {', '.join(unknown)}: choose from {', '.join(SHARED_PARAMS)}")
+        for name in free:
+            if name not in SHARED_PARAMS:
+                close = closest(name, SHARED_PARAMS)
+                hint = f"; did you mean {', '.join(close)}?" if close else ""
+                raise GpemuError(f"unknown shared constant {name!r}{hint} (the constants: {', '.join(SHARED_PARAMS)})")
         base = start or load_params()
         logp = {k: torch.tensor(math.log(base.shared.get(k, DEFAULT_SHARED[k])), dtype=torch.float64,
                                 requires_grad=k in free) for k in SHARED_PARAMS}
