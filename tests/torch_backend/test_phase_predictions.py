@@ -261,3 +261,12 @@ def test_a_frozen_backbone_keeps_the_forward_prediction_and_a_per_op_backward(tm
     # whole backward prediction
     assert rest == pytest.approx(rest_per_op, rel=1e-9)
     assert rest < 0.05 * backward
+
+
+def test_regnets_are_identified() -> None:
+    # RegNet constructors compute their stage widths with tensor ops, which failed under torch.device("meta"): no
+    # RegNet was a candidate, so a RegNet step ran on per-op predictions instead of its phase prediction
+    from gpemu.torch_backend.phases import identify_model
+
+    assert identify_model(torchvision.models.regnet_y_400mf()) == "regnet_y_400mf"
+    assert identify_model(torchvision.models.regnet_x_400mf()) == "regnet_x_400mf"

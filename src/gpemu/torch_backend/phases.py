@@ -168,9 +168,11 @@ def _torchvision_param_counts(prefixes: tuple[str, ...]) -> dict[str, tuple[int,
         if not name.startswith(prefixes):
             continue
         if name not in cached:
-            try:
-                with torch.device("meta"):  # no bytes, ~0.1-1 s per model; cached so a run pays it once
-                    model = torchvision.models.get_model(name)
+            from gpemu.workloads.optrace import build_on_meta
+
+            try:  # on meta: no bytes, ~0.1-1 s per model; cached so a run pays it once. build_on_meta also builds the
+                # RegNets, whose constructors compute their widths with tensors (torch.device("meta") alone failed)
+                model = build_on_meta(name)
             except Exception:  # a builder that needs weights or arguments: not a candidate
                 continue
             total = sum(p.numel() for p in model.parameters())
