@@ -195,16 +195,13 @@ def _plain_zero_grad(zero_grad: Callable[..., Any]) -> Callable[..., Any]:
     with its own __torch_function__) keep torch's path."""
 
     @functools.wraps(zero_grad)
-    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            if all(set(map(type, group["params"])) <= _EMU_TYPES for group in self.param_groups):
-                with _plain_attrs():
-                    return zero_grad(self, *args, **kwargs)
-            return zero_grad(self, *args, **kwargs)
-        finally:
-            release_dropped_grads()
+    def plain(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if all(set(map(type, group["params"])) <= _EMU_TYPES for group in self.param_groups):
+            with _plain_attrs():
+                return zero_grad(self, *args, **kwargs)
+        return zero_grad(self, *args, **kwargs)
 
-    return wrapper
+    return _releasing_zero_grad(plain)
 
 
 def release_dropped_grads() -> None:
