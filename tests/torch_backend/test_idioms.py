@@ -337,9 +337,61 @@ def test_cuda_random_module_and_nvml_queries(emu: gt.Emulation) -> None:
     assert torch.cuda.default_generators[0].initial_seed() == 3 and len(cuda_random.get_rng_state_all()) == 1
     cuda_random.set_rng_state(torch.cuda.get_rng_state())
     assert torch.cuda.list_gpu_processes().startswith("GPU:0\nprocess")
-    for name in ("temperature", "power_draw", "clock_rate", "memory_usage"):
+    for name in ("temperature", "power_draw", "memory_usage"):
         with pytest.raises(GpemuError, match=f"torch.cuda.{name}"):
             getattr(torch.cuda, name)()
+    assert torch.cuda.clock_rate() == 1380  # the V100 PCIe's boost clock (gpus.toml; no sustained clock below it)
+
+
+def test_driver_queries_with_a_modelled_answer(emu: gt.Emulation) -> None:
+    """Note [Driver queries with a modelled answer] in cuda_api.py."""
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(138_000_000)  # 100 ms ahead of the host: the events below are queued back to back behind it
+    start.record()
+    torch.cuda._sleep(1_380_000)  # 1.38e6 cycles at the V100's 1380 MHz boost clock = 1.000 ms
+    end.record()
+    end.synchronize()
+    assert start.elapsed_time(end) == pytest.approx(1.0, abs=1e-6)
+    free, total = torch.cuda.mem_get_info()
+    assert torch.cuda.device_memory_used() == total - free > 0  # at least the 300 MiB CUDA context
+    before = torch.cuda.memory_allocated()
+    ptr = torch.cuda.caching_allocator_alloc(3 << 20)
+    assert ptr != 0 and torch.cuda.memory_allocated() == before + (3 << 20)  # 3 MiB: a multiple of 512 B, kept
+    torch.cuda.caching_allocator_delete(ptr)
+    assert torch.cuda.memory_allocated() == before
+    with pytest.raises(ValueError, match="caching_allocator_alloc"):
+        torch.cuda.caching_allocator_delete(ptr)  # freed twice
+    assert torch.cuda.get_per_process_memory_fraction() == 1.0
+    torch.cuda.set_per_process_memory_fraction(0.5)
+    assert torch.cuda.memory.get_per_process_memory_fraction(0) == 0.5
+    assert torch.cuda.Stream.priority_range() == (0, -5)
+    with pytest.raises(GpemuError, match=r"torch\.cuda\.ExternalStream is not emulated"):
+        torch.cuda.ExternalStream(0)
+
+
+def test_device_generic_streams_events_and_accelerator_memory(emu: gt.Emulation) -> None:
+    """Note [Device-generic streams and events] in accelerator_api.py: torch.Stream / torch.Event on the emulated
+    accelerator, and torch.accelerator's memory queries."""
+    a = torch.empty(4096, 4096, device="cuda")  # 64 MiB
+    s = torch.Stream("cuda")
+    assert isinstance(s, torch.Stream) and isinstance(torch.accelerator.current_stream(), torch.Stream)
+    start, end = torch.Event(enable_timing=True), torch.Event("cuda", enable_timing=True)
+    assert isinstance(start, torch.Event)
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(138_000_000)  # keeps s busy 100 ms: the events are queued back to back behind it
+        start.record(s)
+        torch.cuda._sleep(690_000)  # 0.5 ms at 1380 MHz
+        end.record(s)
+    end.synchronize()
+    assert start.elapsed_time(end) == pytest.approx(0.5, abs=1e-6)
+    assert type(torch.Event("cpu")) is torch._C.Event  # any other device keeps torch's own class
+    assert torch.accelerator.memory_stats()["allocated_bytes.all.current"] == torch.cuda.memory_allocated() >= 64 << 20
+    assert torch.accelerator.memory.memory_stats() == torch.cuda.memory_stats()
+    assert torch.accelerator.get_memory_info() == torch.cuda.mem_get_info()
+    assert torch.bfloat16 in torch.accelerator.get_device_capability()["supported_dtypes"]
+    torch.accelerator.empty_host_cache()
+    del a
 
 
 def test_memory_stats_summary_and_snapshot(emu: gt.Emulation) -> None:

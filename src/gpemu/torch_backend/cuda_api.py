@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -230,6 +231,11 @@ def get_device_properties(device: Any = None) -> DeviceProperties:
     )
 
 
+def mem_get_info(device: Any = None) -> tuple[int, int]:
+    """Return torch.cuda.mem_get_info(): (free, total) bytes of the emulated device, counting CUDA contexts."""
+    return state.require().devices[device_index(device)].allocator.mem_get_info()
+
+
 def memory_stats(device: Any = None) -> dict[str, Any]:
     """Return torch.cuda.memory_stats() from the emulated caching allocator (torch's key names)."""
     return state.require().devices[device_index(device)].allocator.memory_stats()
@@ -281,9 +287,10 @@ _fraction_notice_shown = False
 def set_per_process_memory_fraction(fraction: float, device: Any = None) -> None:
     """Validate `fraction` as torch does and say once that gpemu does not cap the allocator this way."""
     global _fraction_notice_shown
-    device_index(device)
+    index = device_index(device)
     if not 0 <= fraction <= 1:
         raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+    _fractions[index] = float(fraction)
     if not _fraction_notice_shown:
         _fraction_notice_shown = True
         import sys
@@ -372,3 +379,92 @@ def graphs_unsupported(name: str) -> Any:
     if name[:1].isupper() or name == "graph":
         return _unsupported_class(name, message)
     return _unsupported(name, message)
+
+
+# Note [Driver queries with a modelled answer]: some torch.cuda calls read the driver or NVML for a figure gpemu models
+# anyway, so they answer from the model instead of failing: `_sleep(cycles)` (torch's own stream tests and tutorials
+# use it to keep a stream busy) is a kernel of `cycles` SM clock ticks at the spec's boost clock (a one-thread spin
+# loop does not load the GPU enough to drop below it); `clock_rate()` is NVML's SM clock in MHz, answered with the
+# clock the timing model runs the GPU at under load (Note [Sustained clock] in gpemu/hardware/spec.py);
+# `device_memory_used()` is NVML's used device memory, i.e. total minus cudaMemGetInfo's free (reserved memory plus
+# CUDA contexts); `caching_allocator_alloc/delete` allocate raw blocks from the emulated caching allocator (the
+# pointer is a stand-in address that only caching_allocator_delete understands); `get_per_process_memory_fraction`
+# returns what set_per_process_memory_fraction was given (1.0 before). Temperature, power and BLAS handles stay
+# unsupported: nothing in the model stands behind them.
+def cuda_sleep(cycles: int) -> None:
+    """torch.cuda._sleep: queue a kernel of `cycles` SM clock ticks on the current stream (see Note [Driver queries
+    with a modelled answer])."""
+    emu = state.require()
+    index = emu.current_device()
+    spec = emu.devices[index].spec
+    emu.current_stream(index).enqueue(max(0, int(cycles)) / (spec.boost_clock_mhz * 1e6), "cuda_sleep", "compute",
+                                      "kernel")
+
+
+def clock_rate(device: Any = None) -> int:
+    """torch.cuda.clock_rate: the SM clock (MHz) the timing model runs the emulated GPU at under load."""
+    return round(state.require().devices[device_index(device)].spec.load_clock_mhz)
+
+
+def device_memory_used(device: Any = None) -> int:
+    """torch.cuda.device_memory_used: used device memory in bytes (total minus mem_get_info's free)."""
+    free, total = state.require().devices[device_index(device)].allocator.mem_get_info()
+    return int(total - free)
+
+
+_fractions: dict[int, float] = {}
+_raw_blocks: dict[int, tuple[int, int]] = {}  # stand-in pointer -> (device index, allocator handle)
+_RAW_BASE = 0x7F00_0000_0000  # stand-in addresses of caching_allocator_alloc blocks (never dereferenced)
+_raw_ids = itertools.count(1)
+
+
+def get_per_process_memory_fraction(device: Any = None) -> float:
+    """torch.cuda.get_per_process_memory_fraction: the last fraction set for the device (1.0 before any)."""
+    return _fractions.get(device_index(device), 1.0)
+
+
+def caching_allocator_alloc(size: int, device: Any = None, stream: Any = None) -> int:
+    """torch.cuda.caching_allocator_alloc: allocate `size` bytes from the emulated allocator; return a stand-in
+    pointer for caching_allocator_delete."""
+    emu = state.require()
+    index = device_index(device)
+    stream_id = stream.stream_id if isinstance(stream, Stream) else emu.current_stream(index).stream_id
+    handle = emu.devices[index].allocator.malloc(int(size), stream_id, "caching_allocator_alloc")
+    if not handle:  # size 0: torch returns a null pointer
+        return 0
+    ptr = _RAW_BASE + next(_raw_ids) * 512
+    _raw_blocks[ptr] = (index, handle)
+    return ptr
+
+
+def caching_allocator_delete(mem_ptr: int) -> None:
+    """torch.cuda.caching_allocator_delete: free a block from caching_allocator_alloc (0 is a no-op)."""
+    if not mem_ptr:
+        return
+    found = _raw_blocks.pop(int(mem_ptr), None)
+    if found is None:
+        raise ValueError(f"torch.cuda.caching_allocator_delete: {mem_ptr:#x} was not returned by "
+                         "torch.cuda.caching_allocator_alloc under this emulation")
+    index, handle = found
+    state.require().devices[index].allocator.free(handle)
+
+
+def stream_priority_range() -> tuple[int, int]:
+    """torch.cuda.Stream.priority_range: (lowest, highest) as CUDA reports it on Volta and newer (0, -5)."""
+    return (0, -5)
+
+
+Stream.priority_range = staticmethod(stream_priority_range)  # type: ignore[attr-defined]
+
+
+def unsupported_class(name: str, why: str, workaround: str) -> type:
+    """Return a stand-in class for torch.cuda.`name` whose construction raises a GpemuError saying why and what to
+    do instead (a class, as torch's is: code may name it in isinstance checks and annotations)."""
+    return _unsupported_class(name, f"torch.cuda.{name} is not emulated ({why}). Workaround: {workaround}")
+
+
+def reset_state() -> None:
+    """Forget per-emulation answers (memory fractions, raw blocks, utilization samples) at uninstall."""
+    _fractions.clear()
+    _raw_blocks.clear()
+    _util_samples.clear()

@@ -113,6 +113,9 @@ def uninstall() -> None:
         _patcher.restore()
         _patcher = None
     state._set_current(None)
+    from gpemu.torch_backend import cuda_api
+
+    cuda_api.reset_state()
     gc.unfreeze()
 
 

@@ -14,7 +14,16 @@ from typing import Any
 import torch
 
 from gpemu.errors import GpemuError
-from gpemu.torch_backend import cuda_api, default_device, legacy, profiling, rng, serialization, state
+from gpemu.torch_backend import (
+    accelerator_api,
+    cuda_api,
+    default_device,
+    legacy,
+    profiling,
+    rng,
+    serialization,
+    state,
+)
 from gpemu.torch_backend.ops import (
     KNOWN_VALUE_MAX_BYTES,
     device_to_host,
@@ -344,8 +353,18 @@ def cuda_functions(emu: state.Emulation) -> dict[str, Any]:
         "list_gpu_processes": cuda_api.list_gpu_processes,
         **{name: cuda_api.graphs_unsupported(name) for name in ("CUDAGraph", "graph", "make_graphed_callables",
                                                                  "graph_pool_handle")},
-        **{name: cuda_api.nvml_unsupported(name) for name in ("temperature", "power_draw", "clock_rate",
-                                                               "memory_usage", "current_blas_handle")},
+        **{name: cuda_api.nvml_unsupported(name) for name in ("temperature", "power_draw", "memory_usage",
+                                                               "current_blas_handle")},
+        # Note [Driver queries with a modelled answer] in cuda_api.py
+        "_sleep": cuda_api.cuda_sleep,
+        "clock_rate": cuda_api.clock_rate,
+        "device_memory_used": cuda_api.device_memory_used,
+        "caching_allocator_alloc": cuda_api.caching_allocator_alloc,
+        "caching_allocator_delete": cuda_api.caching_allocator_delete,
+        "get_per_process_memory_fraction": cuda_api.get_per_process_memory_fraction,
+        "ExternalStream": cuda_api.unsupported_class(
+            "ExternalStream", "it wraps a cudaStream_t made outside torch, and there is no driver",
+            "use torch.cuda.Stream()"),
         "set_per_process_memory_fraction": cuda_api.set_per_process_memory_fraction,
         "ipc_collect": lambda: None,
         "is_initialized": lambda: True,
@@ -360,7 +379,7 @@ def cuda_functions(emu: state.Emulation) -> dict[str, Any]:
         "reset_peak_memory_stats": _mem("reset_peak_memory_stats"),
         "reset_max_memory_allocated": _mem("reset_peak_memory_stats"),
         "empty_cache": lambda: _empty_caches(emu),
-        "mem_get_info": _mem("mem_get_info"),
+        "mem_get_info": cuda_api.mem_get_info,
         "memory_stats": cuda_api.memory_stats,
         "memory_summary": cuda_api.memory_summary,
         "reset_accumulated_memory_stats": cuda_api.reset_accumulated_memory_stats,
@@ -407,6 +426,12 @@ def accelerator_functions(emu: state.Emulation) -> dict[str, Any]:
         "memory_reserved": _mem("memory_reserved"),
         "max_memory_reserved": _mem("max_memory_reserved"),
         "reset_peak_memory_stats": _mem("reset_peak_memory_stats"),
+        "reset_accumulated_memory_stats": cuda_api.reset_accumulated_memory_stats,
+        "memory_stats": cuda_api.memory_stats,
+        "get_memory_info": accelerator_api.get_memory_info,
+        "get_device_capability": accelerator_api.get_device_capability,
+        "empty_host_cache": accelerator_api.empty_host_cache,
+        **{name: cuda_api.graphs_unsupported(name) for name in ("Graph",)},
     }
 
 
@@ -418,13 +443,21 @@ def apply(emu: state.Emulation, patcher: Patcher) -> None:
 
     for name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
                  "reset_peak_memory_stats", "empty_cache", "mem_get_info", "memory_stats", "memory_summary",
-                 "reset_accumulated_memory_stats", "_record_memory_history", "memory_snapshot"):
+                 "reset_accumulated_memory_stats", "_record_memory_history", "memory_snapshot",
+                 "get_per_process_memory_fraction", "set_per_process_memory_fraction", "caching_allocator_alloc",
+                 "caching_allocator_delete", "list_gpu_processes"):
         if hasattr(cuda_memory, name):
             patcher.set(cuda_memory, name, getattr(torch.cuda, name))
     if hasattr(torch, "accelerator"):
+        accelerator_memory = getattr(torch.accelerator, "memory", None)
         for name, fn in accelerator_functions(emu).items():
             if hasattr(torch.accelerator, name):
                 patcher.set(torch.accelerator, name, fn)
+            if accelerator_memory is not None and hasattr(accelerator_memory, name):
+                patcher.set(accelerator_memory, name, fn)  # torch.accelerator.memory.memory_stats(...) too
+    if hasattr(torch._C, "Stream") and hasattr(torch._C, "Event"):  # Note [Device-generic streams and events]
+        patcher.set(torch, "Stream", accelerator_api.generic_stream(torch._C.Stream))
+        patcher.set(torch, "Event", accelerator_api.generic_event(torch._C.Event))
     if hasattr(torch._C, "_get_accelerator"):  # the C++ query torch's own code asks (barrier, FSDP's device choice)
         patcher.set(torch._C, "_get_accelerator", _get_accelerator)
     T = torch.Tensor
