@@ -182,6 +182,58 @@ REFERENCES: tuple[Reference, ...] = (
 )
 
 
+# Note [Lambda resnet50 rows]
+# lambdal/deeplearning-benchmark runs NVIDIA DeepLearningExamples' ConvNets main.py (LambdaLabsML fork, branch
+# lambda/benchmark) in a PyTorch NGC container (pytorch/README.md: 22.09-py3 tested) on 1 GPU: --arch resnet50
+# --data-backend synthetic --training-only --prof 100 --epochs 2, fp16 = --amp --static-loss-scale 256 (torch.cuda.amp
+# GradScaler), no --memory-format so NCHW (main.py's default), SGD with momentum. The published number is DLE's
+# train img/s (scripts/compile_results_pytorch_throughput.py: "Summary: train.loss ..." line). The "fp32" column is
+# TF32 on Ampere and later (cuDNN convolutions run TF32 unless torch.backends.cudnn.allow_tf32 is cleared, and the
+# script does not clear it), plain fp32 on Volta/Turing. Batch sizes: pytorch-train-bs-fp32.csv / -fp16.csv; the A10
+# and H100 SXM5 rows are not in those CSVs, so their batch is the memory template the README tells a config to source
+# (config_pytorch_24GB.sh: 224 / 448; config_pytorch_80GB.sh: 640 / 1280). Two GPUs are not in gpemu's catalog and
+# are priced as a same-chip sibling: Quadro RTX 8000 as quadro-rtx-6000 (both TU102, 4608 cores, 1770 MHz boost,
+# 672 GB/s; 48 vs 24 GB) and A100 80GB PCIe as a100-sxm4-80gb (same GA100 at 1410 MHz; 1935 vs 2039 GB/s, 300 vs
+# 400 W). Lambda Cloud's V100 16GB is priced as v100-sxm2-32gb (as the DGX-1 16GB rows above).
+LAMBDA_REPO = "lambdal/deeplearning-benchmark"
+LAMBDA_TPUT = f"{LAMBDA_REPO} pytorch/pytorch-train-throughput-fp{{bits}}.csv @ 0551cb70ffdc155dc4cb2c10dddebb65651c3883"
+LAMBDA_BS = f"{LAMBDA_REPO} pytorch/pytorch-train-bs-fp{{bits}}.csv @ 08d77c41c42f48de5598b48c77f3fbd1b6252348"
+LAMBDA_TEMPLATE = {24: f"{LAMBDA_REPO} pytorch/scripts/config_v1/config_pytorch_24GB.sh @ 188936494f1fd432758a4a462b94d0a805999c85",
+                   80: f"{LAMBDA_REPO} pytorch/scripts/config_v1/config_pytorch_80GB.sh @ 357c49a7cc7eaff2c74614f7dbc4a72800ba350f"}
+# (row name, gpemu GPU, fp32 img/s, fp32 batch, fp16 img/s, fp16 batch, GB of the template the batch comes from or 0
+# when the bs CSVs list it)
+_LAMBDA_RESNET50: tuple[tuple[str, str, float, int, float, int, int], ...] = (
+    ("Quadro RTX 8000", "quadro-rtx-6000", 274.0, 496, 651.0, 928, 0),
+    ("LambdaCloud V100 16GB", "v100-sxm2-32gb", 369.0, 128, 833.0, 256, 0),
+    ("RTX 3090", "rtx3090", 513.0, 224, 905.0, 448, 0),
+    ("LambdaCloud A10", "a10", 349.0, 224, 638.0, 448, 24),
+    ("LambdaCloud A100 40GB PCIe", "a100-pcie-40gb", 882.0, 360, 1396.0, 720, 0),
+    ("A100 80GB PCIe", "a100-sxm4-80gb", 1014.0, 640, 1527.0, 1280, 0),
+    ("A100 80GB SXM4", "a100-sxm4-80gb", 1066.0, 640, 1582.0, 1280, 0),
+    ("RTX 6000 Ada", "rtx6000-ada", 647.0, 496, 1146.0, 928, 0),  # the bs CSVs call it "Ada A6000"
+    ("RTX A6000", "rtx-a6000", 514.0, 496, 916.0, 928, 0),
+    ("RTX 4090", "rtx4090", 721.0, 224, 1301.0, 448, 0),
+    ("H100 80GB PCIe Gen5", "h100-pcie-80gb", 1197.0, 640, 1866.0, 1280, 0),
+    ("H100 80GB SXM5", "h100-sxm5-80gb", 1753.0, 640, 2616.0, 1280, 80),
+)
+_NO_TF32 = ("volta", "turing")
+
+
+def _lambda_rows() -> tuple[Reference, ...]:
+    rows = []
+    for name, gpu, fp32_ips, fp32_bs, fp16_ips, fp16_bs, template in _LAMBDA_RESNET50:
+        fp32_dtype = "fp32" if get_gpu(gpu).arch in _NO_TF32 else "tf32"  # Note [Lambda resnet50 rows]
+        for dtype, bits, ips, bs in ((fp32_dtype, 32, fp32_ips, fp32_bs), ("amp", 16, fp16_ips, fp16_bs)):
+            batch_src = LAMBDA_TEMPLATE[template] if template else LAMBDA_BS.format(bits=bits)
+            rows.append(Reference(gpu, "resnet50", dtype, "train", bs, ips, "NCHW",
+                                  f"{LAMBDA_TPUT.format(bits=bits)}, row '{name}', column resnet50 (1 GPU); "
+                                  f"batch from {batch_src}"))
+    return tuple(rows)
+
+
+LAMBDA_REFERENCES: tuple[Reference, ...] = _lambda_rows()
+
+
 @dataclass(frozen=True)
 class LayerReference:
     """One published transformer-layer throughput: best TFLOPS over a batch x sequence grid (fp16 layer)."""
@@ -252,6 +304,16 @@ def _figures(errs: Sequence[float]) -> dict[str, float | int]:
     return {"median_abs_pct": round(median, 2), "p90_abs_pct": round(p90, 2), "rows": len(ordered)}
 
 
+def model_rows(refs: Sequence[Reference]) -> list[dict[str, object]]:
+    """Return one dict per whole-model reference with gpemu's img/s, its error and the GPU's generation."""
+    rows = []
+    for ref in refs:
+        pred = predicted_images_per_s(ref)
+        rows.append({**ref.__dict__, "arch": get_gpu(ref.gpu).arch, "predicted_images_per_s": pred,
+                     "error_pct": 100 * (pred / ref.images_per_s - 1)})
+    return rows
+
+
 def write_expected_error(rows: Sequence[dict[str, object]], layers: Sequence[dict[str, object]]) -> None:
     """Merge the tensor-core rows' errors into expected_error.json (Note [Expected error])."""
     path = EXPECTED_ERROR_PATH
@@ -259,7 +321,8 @@ def write_expected_error(rows: Sequence[dict[str, object]], layers: Sequence[dic
     tensor_core = [float(r["error_pct"]) for r in rows if r["dtype"] != "fp32"]  # type: ignore[arg-type]
     table["paths"]["published-models"] = {
         "basis": "published real-GPU whole-model training and inference throughputs with tensor cores (TF32 / "
-                 "AMP, NCHW and NHWC CNNs; bench/published_validation.py)",
+                 "AMP, NCHW and NHWC resnet50 on Volta to Hopper: NVIDIA DeepLearningExamples, Lambda's "
+                 "deeplearning-benchmark; bench/published_validation.py)",
         "step": _figures(tensor_core)}
     table["paths"]["published-layers"] = {
         "basis": "published real-GPU fp16 TFLOPS of BERT-large / GPT-2-medium layers, best over a batch x sequence "
@@ -280,14 +343,12 @@ def main() -> None:
     params = load_params()
     gemms = gemm_rows(params)
     layers = layer_rows(params)
-    rows = []
-    for ref in REFERENCES:
-        pred = predicted_images_per_s(ref)
-        rows.append({**ref.__dict__, "predicted_images_per_s": pred, "error_pct": 100 * (pred / ref.images_per_s - 1)})
+    rows = model_rows(REFERENCES)
+    lambda_rows = model_rows(LAMBDA_REFERENCES)
     if args.write:
-        write_expected_error(rows, layers)
+        write_expected_error([*rows, *lambda_rows], layers)
     if args.json:
-        print(json.dumps({"gemm": gemms, "layers": layers, "models": rows}, indent=1))
+        print(json.dumps({"gemm": gemms, "layers": layers, "models": rows, "lambda_resnet50": lambda_rows}, indent=1))
         return
     console = Console(width=200)
     table = Table(title=f"GEMM TFLOPS: published vs gpemu (packaged tc_eff {params.tc_eff:.4f})")
@@ -339,6 +400,31 @@ def main() -> None:
         for layout in ("NCHW", "NHWC") for dt in ("fp32", "tf32", "amp")})
     _summary(console, rows, "error_pct", {layout: (lambda r, layout=layout: r["layout"] == layout)
                                           for layout in ("NCHW", "NHWC")})
+
+    table = Table(title="Whole models: Lambda deeplearning-benchmark resnet50 training, 1 GPU, NCHW, synthetic data "
+                        "(img/s; Note [Lambda resnet50 rows])")
+    for col in ("GPU", "arch", "dtype", "batch", "published", "predicted", "error", "source"):
+        table.add_column(col, overflow="fold")
+    for r in lambda_rows:
+        table.add_row(str(r["gpu"]), str(r["arch"]), str(r["dtype"]), str(r["batch_size"]),
+                      f"{r['images_per_s']:.0f}", f"{r['predicted_images_per_s']:.0f}", f"{r['error_pct']:+.1f}%",
+                      str(r["source"]))
+    console.print(table)
+    _summary(console, lambda_rows, "error_pct", {"all": lambda r: True})
+    _summary(console, lambda_rows, "error_pct", {dt: (lambda r, dt=dt: r["dtype"] == dt) for dt in ("fp32", "tf32", "amp")})
+    _summary(console, lambda_rows, "error_pct", {
+        f"{arch} {dt}": (lambda r, arch=arch, dt=dt: r["arch"] == arch and r["dtype"] == dt)
+        for arch in ("volta", "turing", "ampere", "ada", "hopper") for dt in ("fp32", "tf32", "amp")})
+    _summary(console, lambda_rows, "error_pct", {arch: (lambda r, arch=arch: r["arch"] == arch)
+                                                 for arch in ("volta", "turing", "ampere", "ada", "hopper")})
+    signed = {arch: [float(r["error_pct"]) for r in lambda_rows if r["arch"] == arch]  # type: ignore[arg-type]
+              for arch in ("volta", "turing", "ampere", "ada", "hopper")}
+    console.print("  signed errors (+ = gpemu too fast): " + "; ".join(
+        f"{arch} {', '.join(f'{e:+.0f}%' for e in errs)}" for arch, errs in signed.items() if errs))
+    both = [*rows, *lambda_rows]
+    _summary(console, both, "error_pct", {"all whole-model rows (both tables)": lambda r: True,
+                                          "all tensor-core whole-model rows (what --write stores)":
+                                          lambda r: r["dtype"] != "fp32"})
 
 
 if __name__ == "__main__":
