@@ -235,6 +235,67 @@ LAMBDA_REFERENCES: tuple[Reference, ...] = _lambda_rows()
 
 
 @dataclass(frozen=True)
+class SquadReference:
+    """One published BERT SQuAD fine-tuning throughput: training sequences (of 384 tokens) per second."""
+
+    gpu: str
+    model: str  # "bert-base" or "bert-large" (bench/_bert_squad.py)
+    dtype: str  # fp32, tf32 or fp16 (apex O2)
+    batch_size: int
+    sequences_per_s: float
+    source: str
+
+
+# Lambda's bert_base_squad / bert_large_squad columns, same rows and GPU mapping as _LAMBDA_RESNET50 (bench/
+# _bert_squad.py says how run_squad.py runs): (row, gpu, template GB or 0, then per (base fp32, base fp16, large fp32,
+# large fp16) the published sequences/s and batch)
+_LAMBDA_BERT: tuple[tuple[str, str, int, tuple[tuple[float, int], ...]], ...] = (
+    ("Quadro RTX 8000", "quadro-rtx-6000", 0, ((41.0, 96), (146.0, 192), (12.0, 32), (50.0, 64))),
+    ("LambdaCloud V100 16GB", "v100-sxm2-32gb", 0, ((42.0, 24), (189.0, 48), (12.0, 8), (57.0, 16))),
+    ("RTX 3090", "rtx3090", 0, ((85.0, 48), (172.0, 96), (24.0, 16), (52.0, 28))),
+    ("LambdaCloud A10", "a10", 24, ((70.0, 48), (135.0, 96), (19.0, 16), (42.0, 28))),
+    ("LambdaCloud A100 40GB PCIe", "a100-pcie-40gb", 0, ((179.0, 80), (368.0, 160), (53.0, 28), (117.0, 48))),
+    ("A100 80GB PCIe", "a100-sxm4-80gb", 0, ((224.0, 172), (415.0, 320), (70.0, 64), (140.0, 112))),
+    ("A100 80GB SXM4", "a100-sxm4-80gb", 0, ((239.0, 172), (443.0, 320), (75.0, 64), (152.0, 112))),
+    ("RTX 6000 Ada", "rtx6000-ada", 0, ((136.0, 96), (255.0, 192), (44.0, 32), (79.0, 64))),
+    ("RTX A6000", "rtx-a6000", 0, ((101.0, 96), (198.0, 192), (33.0, 32), (68.0, 64))),
+    ("RTX 4090", "rtx4090", 0, ((137.0, 48), (297.0, 96), (44.0, 16), (93.0, 28))),
+    ("H100 80GB PCIe Gen5", "h100-pcie-80gb", 0, ((292.0, 172), (567.0, 320), (97.0, 64), (203.0, 112))),
+    ("H100 80GB SXM5", "h100-sxm5-80gb", 80, ((408.0, 172), (812.0, 320), (141.0, 64), (301.0, 112))),
+)
+
+
+def _lambda_bert_rows() -> tuple[SquadReference, ...]:
+    rows = []
+    for name, gpu, template, figures in _LAMBDA_BERT:
+        fp32_dtype = "fp32" if get_gpu(gpu).arch in _NO_TF32 else "tf32"  # bench/_bert_squad.py: TF32 GEMMs
+        for (seqs, bs), model, dtype, bits in zip(figures, ("bert-base", "bert-base", "bert-large", "bert-large"),
+                                                  (fp32_dtype, "fp16", fp32_dtype, "fp16"), (32, 16, 32, 16),
+                                                  strict=True):
+            batch_src = LAMBDA_TEMPLATE[template] if template else LAMBDA_BS.format(bits=bits)
+            column = "bert_base_squad" if model == "bert-base" else "bert_large_squad"
+            rows.append(SquadReference(gpu, model, dtype, bs, seqs,
+                                       f"{LAMBDA_TPUT.format(bits=bits)}, row '{name}', column {column} (1 GPU); "
+                                       f"batch from {batch_src}"))
+    return tuple(rows)
+
+
+LAMBDA_SQUAD: tuple[SquadReference, ...] = _lambda_bert_rows()
+
+
+def squad_rows(params: CostParams) -> list[dict[str, object]]:
+    """Return one dict per SQuAD reference with gpemu's sequences/s (bench/_bert_squad.py) and its error."""
+    from _bert_squad import predicted_sequences_per_s  # bench/ is the script's directory
+
+    rows = []
+    for ref in LAMBDA_SQUAD:
+        pred = predicted_sequences_per_s(ref.model, ref.gpu, ref.dtype, ref.batch_size, params)
+        rows.append({**ref.__dict__, "arch": get_gpu(ref.gpu).arch, "predicted_sequences_per_s": pred,
+                     "error_pct": 100 * (pred / ref.sequences_per_s - 1)})
+    return rows
+
+
+@dataclass(frozen=True)
 class LayerReference:
     """One published transformer-layer throughput: best TFLOPS over a batch x sequence grid (fp16 layer)."""
 
@@ -314,7 +375,8 @@ def model_rows(refs: Sequence[Reference]) -> list[dict[str, object]]:
     return rows
 
 
-def write_expected_error(rows: Sequence[dict[str, object]], layers: Sequence[dict[str, object]]) -> None:
+def write_expected_error(rows: Sequence[dict[str, object]], layers: Sequence[dict[str, object]],
+                         squad: Sequence[dict[str, object]]) -> None:
     """Merge the tensor-core rows' errors into expected_error.json (Note [Expected error])."""
     path = EXPECTED_ERROR_PATH
     table = json.loads(path.read_text()) if path.exists() else {"paths": {}}
@@ -324,10 +386,12 @@ def write_expected_error(rows: Sequence[dict[str, object]], layers: Sequence[dic
                  "AMP, NCHW and NHWC resnet50 on Volta to Hopper: NVIDIA DeepLearningExamples, Lambda's "
                  "deeplearning-benchmark; bench/published_validation.py)",
         "step": _figures(tensor_core)}
+    tc_squad = [float(r["error_pct"]) for r in squad if r["dtype"] != "fp32"]  # type: ignore[arg-type]
     table["paths"]["published-layers"] = {
         "basis": "published real-GPU fp16 TFLOPS of BERT-large / GPT-2-medium layers, best over a batch x sequence "
-                 "grid (bench/published_validation.py)",
-        "step": _figures([float(r["error_pct"]) for r in layers])}  # type: ignore[arg-type]
+                 "grid, and BERT-base/large SQuAD fine-tuning steps (TF32 / fp16, Volta to Hopper; Lambda's "
+                 "deeplearning-benchmark) (bench/published_validation.py)",
+        "step": _figures([*(float(r["error_pct"]) for r in layers), *tc_squad])}  # type: ignore[arg-type]
     table["fitted_sha256"] = fitted_sha256()
     table["published_note"] = f"bench/published_validation.py --write, {time.strftime('%Y-%m-%d')}"
     path.write_text(json.dumps(table, indent=1) + "\n")
@@ -345,10 +409,12 @@ def main() -> None:
     layers = layer_rows(params)
     rows = model_rows(REFERENCES)
     lambda_rows = model_rows(LAMBDA_REFERENCES)
+    squad = squad_rows(params)
     if args.write:
-        write_expected_error([*rows, *lambda_rows], layers)
+        write_expected_error([*rows, *lambda_rows], layers, squad)
     if args.json:
-        print(json.dumps({"gemm": gemms, "layers": layers, "models": rows, "lambda_resnet50": lambda_rows}, indent=1))
+        print(json.dumps({"gemm": gemms, "layers": layers, "models": rows, "lambda_resnet50": lambda_rows,
+                          "lambda_bert_squad": squad}, indent=1))
         return
     console = Console(width=200)
     table = Table(title=f"GEMM TFLOPS: published vs gpemu (packaged tc_eff {params.tc_eff:.4f})")
@@ -421,6 +487,29 @@ def main() -> None:
               for arch in ("volta", "turing", "ampere", "ada", "hopper")}
     console.print("  signed errors (+ = gpemu too fast): " + "; ".join(
         f"{arch} {', '.join(f'{e:+.0f}%' for e in errs)}" for arch, errs in signed.items() if errs))
+
+    table = Table(title="BERT SQuAD fine-tuning (seq 384): Lambda deeplearning-benchmark, 1 GPU (sequences/s; "
+                        "bench/_bert_squad.py)")
+    for col in ("GPU", "arch", "model", "dtype", "batch", "published", "predicted", "error"):
+        table.add_column(col, overflow="fold")
+    for r in squad:
+        table.add_row(str(r["gpu"]), str(r["arch"]), str(r["model"]), str(r["dtype"]), str(r["batch_size"]),
+                      f"{r['sequences_per_s']:.0f}", f"{r['predicted_sequences_per_s']:.1f}", f"{r['error_pct']:+.1f}%")
+    console.print(table)
+    console.print(f"  sources: {LAMBDA_TPUT.format(bits='32|16')} (columns bert_base_squad, bert_large_squad); "
+                  f"batches: {LAMBDA_BS.format(bits='32|16')}, A10 / H100 SXM5 from the 24 / 80 GB templates")
+    _summary(console, squad, "error_pct", {"all": lambda r: True})
+    _summary(console, squad, "error_pct", {f"{m} {dt}": (lambda r, m=m, dt=dt: r["model"] == m and r["dtype"] == dt)
+                                           for m in ("bert-base", "bert-large") for dt in ("fp32", "tf32", "fp16")})
+    _summary(console, squad, "error_pct", {f"{arch} {dt}": (lambda r, arch=arch, dt=dt: r["arch"] == arch
+                                                            and r["dtype"] == dt)
+                                           for arch in ("volta", "turing", "ampere", "ada", "hopper")
+                                           for dt in ("fp32", "tf32", "fp16")})
+    signed = {arch: [float(r["error_pct"]) for r in squad if r["arch"] == arch]  # type: ignore[arg-type]
+              for arch in ("volta", "turing", "ampere", "ada", "hopper")}
+    console.print("  signed errors (+ = gpemu too fast): " + "; ".join(
+        f"{arch} {', '.join(f'{e:+.0f}%' for e in errs)}" for arch, errs in signed.items() if errs))
+
     both = [*rows, *lambda_rows]
     _summary(console, both, "error_pct", {"all whole-model rows (both tables)": lambda r: True,
                                           "all tensor-core whole-model rows (what --write stores)":
