@@ -191,10 +191,10 @@ REFERENCES: tuple[Reference, ...] = (
 # TF32 on Ampere and later (cuDNN convolutions run TF32 unless torch.backends.cudnn.allow_tf32 is cleared, and the
 # script does not clear it), plain fp32 on Volta/Turing. Batch sizes: pytorch-train-bs-fp32.csv / -fp16.csv; the A10
 # and H100 SXM5 rows are not in those CSVs, so their batch is the memory template the README tells a config to source
-# (config_pytorch_24GB.sh: 224 / 448; config_pytorch_80GB.sh: 640 / 1280). Two GPUs are not in gpemu's catalog and
-# are priced as a same-chip sibling: Quadro RTX 8000 as quadro-rtx-6000 (both TU102, 4608 cores, 1770 MHz boost,
-# 672 GB/s; 48 vs 24 GB) and A100 80GB PCIe as a100-sxm4-80gb (same GA100 at 1410 MHz; 1935 vs 2039 GB/s, 300 vs
-# 400 W). Lambda Cloud's V100 16GB is priced as v100-sxm2-32gb (as the DGX-1 16GB rows above).
+# (config_pytorch_24GB.sh: 224 / 448; config_pytorch_80GB.sh: 640 / 1280). The Quadro RTX 8000 is not in gpemu's
+# catalog and is priced as its same-chip sibling quadro-rtx-6000 (both TU102, 4608 cores, 1770 MHz boost, 672 GB/s;
+# 48 vs 24 GB); the A100 80GB PCIe was added to the catalog for these rows (session 8, from the A100 datasheet).
+# Lambda Cloud's V100 16GB is priced as v100-sxm2-32gb (as the DGX-1 16GB rows above).
 LAMBDA_REPO = "lambdal/deeplearning-benchmark"
 LAMBDA_TPUT = f"{LAMBDA_REPO} pytorch/pytorch-train-throughput-fp{{bits}}.csv @ 0551cb70ffdc155dc4cb2c10dddebb65651c3883"
 LAMBDA_BS = f"{LAMBDA_REPO} pytorch/pytorch-train-bs-fp{{bits}}.csv @ 08d77c41c42f48de5598b48c77f3fbd1b6252348"
@@ -208,7 +208,7 @@ _LAMBDA_RESNET50: tuple[tuple[str, str, float, int, float, int, int], ...] = (
     ("RTX 3090", "rtx3090", 513.0, 224, 905.0, 448, 0),
     ("LambdaCloud A10", "a10", 349.0, 224, 638.0, 448, 24),
     ("LambdaCloud A100 40GB PCIe", "a100-pcie-40gb", 882.0, 360, 1396.0, 720, 0),
-    ("A100 80GB PCIe", "a100-sxm4-80gb", 1014.0, 640, 1527.0, 1280, 0),
+    ("A100 80GB PCIe", "a100-pcie-80gb", 1014.0, 640, 1527.0, 1280, 0),
     ("A100 80GB SXM4", "a100-sxm4-80gb", 1066.0, 640, 1582.0, 1280, 0),
     ("RTX 6000 Ada", "rtx6000-ada", 647.0, 496, 1146.0, 928, 0),  # the bs CSVs call it "Ada A6000"
     ("RTX A6000", "rtx-a6000", 514.0, 496, 916.0, 928, 0),
@@ -255,7 +255,7 @@ _LAMBDA_BERT: tuple[tuple[str, str, int, tuple[tuple[float, int], ...]], ...] = 
     ("RTX 3090", "rtx3090", 0, ((85.0, 48), (172.0, 96), (24.0, 16), (52.0, 28))),
     ("LambdaCloud A10", "a10", 24, ((70.0, 48), (135.0, 96), (19.0, 16), (42.0, 28))),
     ("LambdaCloud A100 40GB PCIe", "a100-pcie-40gb", 0, ((179.0, 80), (368.0, 160), (53.0, 28), (117.0, 48))),
-    ("A100 80GB PCIe", "a100-sxm4-80gb", 0, ((224.0, 172), (415.0, 320), (70.0, 64), (140.0, 112))),
+    ("A100 80GB PCIe", "a100-pcie-80gb", 0, ((224.0, 172), (415.0, 320), (70.0, 64), (140.0, 112))),
     ("A100 80GB SXM4", "a100-sxm4-80gb", 0, ((239.0, 172), (443.0, 320), (75.0, 64), (152.0, 112))),
     ("RTX 6000 Ada", "rtx6000-ada", 0, ((136.0, 96), (255.0, 192), (44.0, 32), (79.0, 64))),
     ("RTX A6000", "rtx-a6000", 0, ((101.0, 96), (198.0, 192), (33.0, 32), (68.0, 64))),
