@@ -3,7 +3,7 @@
 Usage: .venv/bin/python bench/published_validation.py [--json] [--write]
 
 Every reference below is a number a third party measured on real hardware and published; each row names where.
-Three tables:
+Four tables:
   1. GEMM: published large-matmul TFLOPS (tensor cores). The one constant fitted here, tc_eff (Note [Tensor-core
      efficiency] in gpemu/cost/model.py), is fitted on these rows; each row's leave-one-out error (tc_eff fitted
      on the other rows) is printed, and the all-rows fit is what src/gpemu/cost/fitted.json carries.
@@ -11,10 +11,13 @@ Three tables:
   3. Whole models (img/s): `predict_phase` on the spec path, forward + backward (GPEmu's "backward" = loss +
      zero_grad + backward + optimizer step) for training, forward for inference; NHWC rows are predicted with
      memory_format="channels_last".
-Tables 2 and 3 are not used by any fit. Caveats the tables cannot hide: NVIDIA's numbers are whole pipelines (DALI
+  4. Lambda's deeplearning-benchmark (session 8): 1-GPU resnet50 training img/s (as table 3; Note [Lambda resnet50
+     rows]) and BERT-base/large SQuAD fine-tuning sequences/s (bench/_bert_squad.py) on 12 GPUs, Volta to Hopper,
+     with errors per dtype and per GPU generation.
+Tables 2 to 4 are not used by any fit. Caveats the tables cannot hide: NVIDIA's numbers are whole pipelines (DALI
 data loading, their training script), and gpemu's inference forward is priced like a training-mode forward (batch
 norm in training mode: three passes where eval mode makes two). Prints errors, not verdicts.
---write stores the errors of the 16-bit / TF32 whole-model rows and of the layer rows in
+--write stores the errors of the 16-bit / TF32 whole-model rows (tables 3 and 4) and of the layer and SQuAD rows in
 src/gpemu/cost/expected_error.json (Note [Expected error] in gpemu/cost/expected_error.py): no measured row in
 ../shared/data has tensor cores, so these are what `gpemu predict` shows beside a tf32/fp16/bf16/amp figure.
 """
