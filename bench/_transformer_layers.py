@@ -34,22 +34,27 @@ HIDDEN, HEADS, FFN = 1024, 16, 4096  # bert-large and gpt2-medium share these (p
 
 
 class BertLayer(nn.Module):
-    """transformers' BertLayer (post-LN, eager attention, dropout 0.1) for the bert-large config."""
+    """transformers' BertLayer (post-LN, eager attention, dropout 0.1); bert-large's config unless given another
+    (bench/_bert_squad.py builds bert-base's). `mask`, when given, is added to the attention scores (an additive
+    padding mask, as BERT fine-tuning scripts pass one)."""
 
-    def __init__(self) -> None:
+    def __init__(self, hidden: int = HIDDEN, heads: int = HEADS, ffn: int = FFN) -> None:
         super().__init__()
-        self.q, self.k, self.v = (nn.Linear(HIDDEN, HIDDEN) for _ in range(3))
-        self.o, self.ln1 = nn.Linear(HIDDEN, HIDDEN), nn.LayerNorm(HIDDEN)
-        self.inter, self.out, self.ln2 = nn.Linear(HIDDEN, FFN), nn.Linear(FFN, HIDDEN), nn.LayerNorm(HIDDEN)
+        self.hidden, self.heads = hidden, heads
+        self.q, self.k, self.v = (nn.Linear(hidden, hidden) for _ in range(3))
+        self.o, self.ln1 = nn.Linear(hidden, hidden), nn.LayerNorm(hidden)
+        self.inter, self.out, self.ln2 = nn.Linear(hidden, ffn), nn.Linear(ffn, hidden), nn.LayerNorm(hidden)
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
-        return x.view(b, s, HEADS, HIDDEN // HEADS).permute(0, 2, 1, 3)
+        return x.view(b, s, self.heads, self.hidden // self.heads).permute(0, 2, 1, 3)
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor]:
         """Return the layer output in a 1-tuple, as transformers does."""
         q, k, v = self._heads(self.q(x)), self._heads(self.k(x)), self._heads(self.v(x))
-        scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(HIDDEN // HEADS)
+        scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.hidden // self.heads)
+        if mask is not None:
+            scores = scores + mask
         probs = F.dropout(F.softmax(scores, dim=-1), 0.1, self.training)
         ctx = torch.matmul(probs, v).permute(0, 2, 1, 3).contiguous().view(x.shape)
         a = self.ln1(F.dropout(self.o(ctx), 0.1, self.training) + x)

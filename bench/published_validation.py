@@ -3,7 +3,7 @@
 Usage: .venv/bin/python bench/published_validation.py [--json] [--write]
 
 Every reference below is a number a third party measured on real hardware and published; each row names where.
-Three tables:
+Four tables:
   1. GEMM: published large-matmul TFLOPS (tensor cores). The one constant fitted here, tc_eff (Note [Tensor-core
      efficiency] in gpemu/cost/model.py), is fitted on these rows; each row's leave-one-out error (tc_eff fitted
      on the other rows) is printed, and the all-rows fit is what src/gpemu/cost/fitted.json carries.
@@ -11,10 +11,13 @@ Three tables:
   3. Whole models (img/s): `predict_phase` on the spec path, forward + backward (GPEmu's "backward" = loss +
      zero_grad + backward + optimizer step) for training, forward for inference; NHWC rows are predicted with
      memory_format="channels_last".
-Tables 2 and 3 are not used by any fit. Caveats the tables cannot hide: NVIDIA's numbers are whole pipelines (DALI
+  4. Lambda's deeplearning-benchmark (session 8): 1-GPU resnet50 training img/s (as table 3; Note [Lambda resnet50
+     rows]) and BERT-base/large SQuAD fine-tuning sequences/s (bench/_bert_squad.py) on 12 GPUs, Volta to Hopper,
+     with errors per dtype and per GPU generation.
+Tables 2 to 4 are not used by any fit. Caveats the tables cannot hide: NVIDIA's numbers are whole pipelines (DALI
 data loading, their training script), and gpemu's inference forward is priced like a training-mode forward (batch
 norm in training mode: three passes where eval mode makes two). Prints errors, not verdicts.
---write stores the errors of the 16-bit / TF32 whole-model rows and of the layer rows in
+--write stores the errors of the 16-bit / TF32 whole-model rows (tables 3 and 4) and of the layer and SQuAD rows in
 src/gpemu/cost/expected_error.json (Note [Expected error] in gpemu/cost/expected_error.py): no measured row in
 ../shared/data has tensor cores, so these are what `gpemu predict` shows beside a tf32/fp16/bf16/amp figure.
 """
@@ -182,6 +185,119 @@ REFERENCES: tuple[Reference, ...] = (
 )
 
 
+# Note [Lambda resnet50 rows]
+# lambdal/deeplearning-benchmark runs NVIDIA DeepLearningExamples' ConvNets main.py (LambdaLabsML fork, branch
+# lambda/benchmark) in a PyTorch NGC container (pytorch/README.md: 22.09-py3 tested) on 1 GPU: --arch resnet50
+# --data-backend synthetic --training-only --prof 100 --epochs 2, fp16 = --amp --static-loss-scale 256 (torch.cuda.amp
+# GradScaler), no --memory-format so NCHW (main.py's default), SGD with momentum. The published number is DLE's
+# train img/s (scripts/compile_results_pytorch_throughput.py: "Summary: train.loss ..." line). The "fp32" column is
+# TF32 on Ampere and later (cuDNN convolutions run TF32 unless torch.backends.cudnn.allow_tf32 is cleared, and the
+# script does not clear it), plain fp32 on Volta/Turing. Batch sizes: pytorch-train-bs-fp32.csv / -fp16.csv; the A10
+# and H100 SXM5 rows are not in those CSVs, so their batch is the memory template the README tells a config to source
+# (config_pytorch_24GB.sh: 224 / 448; config_pytorch_80GB.sh: 640 / 1280). The Quadro RTX 8000 is not in gpemu's
+# catalog and is priced as its same-chip sibling quadro-rtx-6000 (both TU102, 4608 cores, 1770 MHz boost, 672 GB/s;
+# 48 vs 24 GB); the A100 80GB PCIe was added to the catalog for these rows (session 8, from the A100 datasheet).
+# Lambda Cloud's V100 16GB is priced as v100-sxm2-32gb (as the DGX-1 16GB rows above).
+LAMBDA_REPO = "lambdal/deeplearning-benchmark"
+LAMBDA_TPUT = f"{LAMBDA_REPO} pytorch/pytorch-train-throughput-fp{{bits}}.csv @ 0551cb70ffdc155dc4cb2c10dddebb65651c3883"
+LAMBDA_BS = f"{LAMBDA_REPO} pytorch/pytorch-train-bs-fp{{bits}}.csv @ 08d77c41c42f48de5598b48c77f3fbd1b6252348"
+LAMBDA_TEMPLATE = {24: f"{LAMBDA_REPO} pytorch/scripts/config_v1/config_pytorch_24GB.sh @ 188936494f1fd432758a4a462b94d0a805999c85",
+                   80: f"{LAMBDA_REPO} pytorch/scripts/config_v1/config_pytorch_80GB.sh @ 357c49a7cc7eaff2c74614f7dbc4a72800ba350f"}
+# (row name, gpemu GPU, fp32 img/s, fp32 batch, fp16 img/s, fp16 batch, GB of the template the batch comes from or 0
+# when the bs CSVs list it)
+_LAMBDA_RESNET50: tuple[tuple[str, str, float, int, float, int, int], ...] = (
+    ("Quadro RTX 8000", "quadro-rtx-6000", 274.0, 496, 651.0, 928, 0),
+    ("LambdaCloud V100 16GB", "v100-sxm2-32gb", 369.0, 128, 833.0, 256, 0),
+    ("RTX 3090", "rtx3090", 513.0, 224, 905.0, 448, 0),
+    ("LambdaCloud A10", "a10", 349.0, 224, 638.0, 448, 24),
+    ("LambdaCloud A100 40GB PCIe", "a100-pcie-40gb", 882.0, 360, 1396.0, 720, 0),
+    ("A100 80GB PCIe", "a100-pcie-80gb", 1014.0, 640, 1527.0, 1280, 0),
+    ("A100 80GB SXM4", "a100-sxm4-80gb", 1066.0, 640, 1582.0, 1280, 0),
+    ("RTX 6000 Ada", "rtx6000-ada", 647.0, 496, 1146.0, 928, 0),  # the bs CSVs call it "Ada A6000"
+    ("RTX A6000", "rtx-a6000", 514.0, 496, 916.0, 928, 0),
+    ("RTX 4090", "rtx4090", 721.0, 224, 1301.0, 448, 0),
+    ("H100 80GB PCIe Gen5", "h100-pcie-80gb", 1197.0, 640, 1866.0, 1280, 0),
+    ("H100 80GB SXM5", "h100-sxm5-80gb", 1753.0, 640, 2616.0, 1280, 80),
+)
+_NO_TF32 = ("volta", "turing")
+
+
+def _lambda_rows() -> tuple[Reference, ...]:
+    rows = []
+    for name, gpu, fp32_ips, fp32_bs, fp16_ips, fp16_bs, template in _LAMBDA_RESNET50:
+        fp32_dtype = "fp32" if get_gpu(gpu).arch in _NO_TF32 else "tf32"  # Note [Lambda resnet50 rows]
+        for dtype, bits, ips, bs in ((fp32_dtype, 32, fp32_ips, fp32_bs), ("amp", 16, fp16_ips, fp16_bs)):
+            batch_src = LAMBDA_TEMPLATE[template] if template else LAMBDA_BS.format(bits=bits)
+            rows.append(Reference(gpu, "resnet50", dtype, "train", bs, ips, "NCHW",
+                                  f"{LAMBDA_TPUT.format(bits=bits)}, row '{name}', column resnet50 (1 GPU); "
+                                  f"batch from {batch_src}"))
+    return tuple(rows)
+
+
+LAMBDA_REFERENCES: tuple[Reference, ...] = _lambda_rows()
+
+
+@dataclass(frozen=True)
+class SquadReference:
+    """One published BERT SQuAD fine-tuning throughput: training sequences (of 384 tokens) per second."""
+
+    gpu: str
+    model: str  # "bert-base" or "bert-large" (bench/_bert_squad.py)
+    dtype: str  # fp32, tf32 or fp16 (apex O2)
+    batch_size: int
+    sequences_per_s: float
+    source: str
+
+
+# Lambda's bert_base_squad / bert_large_squad columns, same rows and GPU mapping as _LAMBDA_RESNET50 (bench/
+# _bert_squad.py says how run_squad.py runs): (row, gpu, template GB or 0, then per (base fp32, base fp16, large fp32,
+# large fp16) the published sequences/s and batch)
+_LAMBDA_BERT: tuple[tuple[str, str, int, tuple[tuple[float, int], ...]], ...] = (
+    ("Quadro RTX 8000", "quadro-rtx-6000", 0, ((41.0, 96), (146.0, 192), (12.0, 32), (50.0, 64))),
+    ("LambdaCloud V100 16GB", "v100-sxm2-32gb", 0, ((42.0, 24), (189.0, 48), (12.0, 8), (57.0, 16))),
+    ("RTX 3090", "rtx3090", 0, ((85.0, 48), (172.0, 96), (24.0, 16), (52.0, 28))),
+    ("LambdaCloud A10", "a10", 24, ((70.0, 48), (135.0, 96), (19.0, 16), (42.0, 28))),
+    ("LambdaCloud A100 40GB PCIe", "a100-pcie-40gb", 0, ((179.0, 80), (368.0, 160), (53.0, 28), (117.0, 48))),
+    ("A100 80GB PCIe", "a100-pcie-80gb", 0, ((224.0, 172), (415.0, 320), (70.0, 64), (140.0, 112))),
+    ("A100 80GB SXM4", "a100-sxm4-80gb", 0, ((239.0, 172), (443.0, 320), (75.0, 64), (152.0, 112))),
+    ("RTX 6000 Ada", "rtx6000-ada", 0, ((136.0, 96), (255.0, 192), (44.0, 32), (79.0, 64))),
+    ("RTX A6000", "rtx-a6000", 0, ((101.0, 96), (198.0, 192), (33.0, 32), (68.0, 64))),
+    ("RTX 4090", "rtx4090", 0, ((137.0, 48), (297.0, 96), (44.0, 16), (93.0, 28))),
+    ("H100 80GB PCIe Gen5", "h100-pcie-80gb", 0, ((292.0, 172), (567.0, 320), (97.0, 64), (203.0, 112))),
+    ("H100 80GB SXM5", "h100-sxm5-80gb", 80, ((408.0, 172), (812.0, 320), (141.0, 64), (301.0, 112))),
+)
+
+
+def _lambda_bert_rows() -> tuple[SquadReference, ...]:
+    rows = []
+    for name, gpu, template, figures in _LAMBDA_BERT:
+        fp32_dtype = "fp32" if get_gpu(gpu).arch in _NO_TF32 else "tf32"  # bench/_bert_squad.py: TF32 GEMMs
+        for (seqs, bs), model, dtype, bits in zip(figures, ("bert-base", "bert-base", "bert-large", "bert-large"),
+                                                  (fp32_dtype, "fp16", fp32_dtype, "fp16"), (32, 16, 32, 16),
+                                                  strict=True):
+            batch_src = LAMBDA_TEMPLATE[template] if template else LAMBDA_BS.format(bits=bits)
+            column = "bert_base_squad" if model == "bert-base" else "bert_large_squad"
+            rows.append(SquadReference(gpu, model, dtype, bs, seqs,
+                                       f"{LAMBDA_TPUT.format(bits=bits)}, row '{name}', column {column} (1 GPU); "
+                                       f"batch from {batch_src}"))
+    return tuple(rows)
+
+
+LAMBDA_SQUAD: tuple[SquadReference, ...] = _lambda_bert_rows()
+
+
+def squad_rows(params: CostParams) -> list[dict[str, object]]:
+    """Return one dict per SQuAD reference with gpemu's sequences/s (bench/_bert_squad.py) and its error."""
+    from _bert_squad import predicted_sequences_per_s  # bench/ is the script's directory
+
+    rows = []
+    for ref in LAMBDA_SQUAD:
+        pred = predicted_sequences_per_s(ref.model, ref.gpu, ref.dtype, ref.batch_size, params)
+        rows.append({**ref.__dict__, "arch": get_gpu(ref.gpu).arch, "predicted_sequences_per_s": pred,
+                     "error_pct": 100 * (pred / ref.sequences_per_s - 1)})
+    return rows
+
+
 @dataclass(frozen=True)
 class LayerReference:
     """One published transformer-layer throughput: best TFLOPS over a batch x sequence grid (fp16 layer)."""
@@ -252,19 +368,33 @@ def _figures(errs: Sequence[float]) -> dict[str, float | int]:
     return {"median_abs_pct": round(median, 2), "p90_abs_pct": round(p90, 2), "rows": len(ordered)}
 
 
-def write_expected_error(rows: Sequence[dict[str, object]], layers: Sequence[dict[str, object]]) -> None:
+def model_rows(refs: Sequence[Reference]) -> list[dict[str, object]]:
+    """Return one dict per whole-model reference with gpemu's img/s, its error and the GPU's generation."""
+    rows = []
+    for ref in refs:
+        pred = predicted_images_per_s(ref)
+        rows.append({**ref.__dict__, "arch": get_gpu(ref.gpu).arch, "predicted_images_per_s": pred,
+                     "error_pct": 100 * (pred / ref.images_per_s - 1)})
+    return rows
+
+
+def write_expected_error(rows: Sequence[dict[str, object]], layers: Sequence[dict[str, object]],
+                         squad: Sequence[dict[str, object]]) -> None:
     """Merge the tensor-core rows' errors into expected_error.json (Note [Expected error])."""
     path = EXPECTED_ERROR_PATH
     table = json.loads(path.read_text()) if path.exists() else {"paths": {}}
     tensor_core = [float(r["error_pct"]) for r in rows if r["dtype"] != "fp32"]  # type: ignore[arg-type]
     table["paths"]["published-models"] = {
         "basis": "published real-GPU whole-model training and inference throughputs with tensor cores (TF32 / "
-                 "AMP, NCHW and NHWC CNNs; bench/published_validation.py)",
+                 "AMP, NCHW and NHWC resnet50 on Volta to Hopper: NVIDIA DeepLearningExamples, Lambda's "
+                 "deeplearning-benchmark; bench/published_validation.py)",
         "step": _figures(tensor_core)}
+    tc_squad = [float(r["error_pct"]) for r in squad if r["dtype"] != "fp32"]  # type: ignore[arg-type]
     table["paths"]["published-layers"] = {
         "basis": "published real-GPU fp16 TFLOPS of BERT-large / GPT-2-medium layers, best over a batch x sequence "
-                 "grid (bench/published_validation.py)",
-        "step": _figures([float(r["error_pct"]) for r in layers])}  # type: ignore[arg-type]
+                 "grid, and BERT-base/large SQuAD fine-tuning steps (TF32 / fp16, Volta to Hopper; Lambda's "
+                 "deeplearning-benchmark) (bench/published_validation.py)",
+        "step": _figures([*(float(r["error_pct"]) for r in layers), *tc_squad])}  # type: ignore[arg-type]
     table["fitted_sha256"] = fitted_sha256()
     table["published_note"] = f"bench/published_validation.py --write, {time.strftime('%Y-%m-%d')}"
     path.write_text(json.dumps(table, indent=1) + "\n")
@@ -280,14 +410,14 @@ def main() -> None:
     params = load_params()
     gemms = gemm_rows(params)
     layers = layer_rows(params)
-    rows = []
-    for ref in REFERENCES:
-        pred = predicted_images_per_s(ref)
-        rows.append({**ref.__dict__, "predicted_images_per_s": pred, "error_pct": 100 * (pred / ref.images_per_s - 1)})
+    rows = model_rows(REFERENCES)
+    lambda_rows = model_rows(LAMBDA_REFERENCES)
+    squad = squad_rows(params)
     if args.write:
-        write_expected_error(rows, layers)
+        write_expected_error([*rows, *lambda_rows], layers, squad)
     if args.json:
-        print(json.dumps({"gemm": gemms, "layers": layers, "models": rows}, indent=1))
+        print(json.dumps({"gemm": gemms, "layers": layers, "models": rows, "lambda_resnet50": lambda_rows,
+                          "lambda_bert_squad": squad}, indent=1))
         return
     console = Console(width=200)
     table = Table(title=f"GEMM TFLOPS: published vs gpemu (packaged tc_eff {params.tc_eff:.4f})")
@@ -339,6 +469,54 @@ def main() -> None:
         for layout in ("NCHW", "NHWC") for dt in ("fp32", "tf32", "amp")})
     _summary(console, rows, "error_pct", {layout: (lambda r, layout=layout: r["layout"] == layout)
                                           for layout in ("NCHW", "NHWC")})
+
+    table = Table(title="Whole models: Lambda deeplearning-benchmark resnet50 training, 1 GPU, NCHW, synthetic data "
+                        "(img/s; Note [Lambda resnet50 rows])")
+    for col in ("GPU", "arch", "dtype", "batch", "published", "predicted", "error", "source"):
+        table.add_column(col, overflow="fold")
+    for r in lambda_rows:
+        table.add_row(str(r["gpu"]), str(r["arch"]), str(r["dtype"]), str(r["batch_size"]),
+                      f"{r['images_per_s']:.0f}", f"{r['predicted_images_per_s']:.0f}", f"{r['error_pct']:+.1f}%",
+                      str(r["source"]))
+    console.print(table)
+    _summary(console, lambda_rows, "error_pct", {"all": lambda r: True})
+    _summary(console, lambda_rows, "error_pct", {dt: (lambda r, dt=dt: r["dtype"] == dt) for dt in ("fp32", "tf32", "amp")})
+    _summary(console, lambda_rows, "error_pct", {
+        f"{arch} {dt}": (lambda r, arch=arch, dt=dt: r["arch"] == arch and r["dtype"] == dt)
+        for arch in ("volta", "turing", "ampere", "ada", "hopper") for dt in ("fp32", "tf32", "amp")})
+    _summary(console, lambda_rows, "error_pct", {arch: (lambda r, arch=arch: r["arch"] == arch)
+                                                 for arch in ("volta", "turing", "ampere", "ada", "hopper")})
+    signed = {arch: [float(r["error_pct"]) for r in lambda_rows if r["arch"] == arch]  # type: ignore[arg-type]
+              for arch in ("volta", "turing", "ampere", "ada", "hopper")}
+    console.print("  signed errors (+ = gpemu too fast): " + "; ".join(
+        f"{arch} {', '.join(f'{e:+.0f}%' for e in errs)}" for arch, errs in signed.items() if errs))
+
+    table = Table(title="BERT SQuAD fine-tuning (seq 384): Lambda deeplearning-benchmark, 1 GPU (sequences/s; "
+                        "bench/_bert_squad.py)")
+    for col in ("GPU", "arch", "model", "dtype", "batch", "published", "predicted", "error"):
+        table.add_column(col, overflow="fold")
+    for r in squad:
+        table.add_row(str(r["gpu"]), str(r["arch"]), str(r["model"]), str(r["dtype"]), str(r["batch_size"]),
+                      f"{r['sequences_per_s']:.0f}", f"{r['predicted_sequences_per_s']:.1f}", f"{r['error_pct']:+.1f}%")
+    console.print(table)
+    console.print(f"  sources: {LAMBDA_TPUT.format(bits='32|16')} (columns bert_base_squad, bert_large_squad); "
+                  f"batches: {LAMBDA_BS.format(bits='32|16')}, A10 / H100 SXM5 from the 24 / 80 GB templates")
+    _summary(console, squad, "error_pct", {"all": lambda r: True})
+    _summary(console, squad, "error_pct", {f"{m} {dt}": (lambda r, m=m, dt=dt: r["model"] == m and r["dtype"] == dt)
+                                           for m in ("bert-base", "bert-large") for dt in ("fp32", "tf32", "fp16")})
+    _summary(console, squad, "error_pct", {f"{arch} {dt}": (lambda r, arch=arch, dt=dt: r["arch"] == arch
+                                                            and r["dtype"] == dt)
+                                           for arch in ("volta", "turing", "ampere", "ada", "hopper")
+                                           for dt in ("fp32", "tf32", "fp16")})
+    signed = {arch: [float(r["error_pct"]) for r in squad if r["arch"] == arch]  # type: ignore[arg-type]
+              for arch in ("volta", "turing", "ampere", "ada", "hopper")}
+    console.print("  signed errors (+ = gpemu too fast): " + "; ".join(
+        f"{arch} {', '.join(f'{e:+.0f}%' for e in errs)}" for arch, errs in signed.items() if errs))
+
+    both = [*rows, *lambda_rows]
+    _summary(console, both, "error_pct", {"all whole-model rows (both tables)": lambda r: True,
+                                          "all tensor-core whole-model rows (what --write stores)":
+                                          lambda r: r["dtype"] != "fp32"})
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from gpemu.hardware.spec import DTYPE_KEYS
 
 REQUIRED_KEYS = [
     "k80", "m40", "p100-pcie-16gb", "v100-pcie-32gb", "v100-sxm2-32gb", "t4", "quadro-rtx-6000", "a10",
-    "a100-pcie-40gb", "a100-sxm4-40gb", "a100-sxm4-80gb", "l4", "l40s", "h100-sxm5-80gb", "h100-pcie-80gb",
+    "a100-pcie-40gb", "a100-sxm4-40gb", "a100-sxm4-80gb", "a100-pcie-80gb", "l4", "l40s", "h100-sxm5-80gb", "h100-pcie-80gb",
     "h200-sxm-141gb", "b200", "rtx3090", "rtx4090", "rtx-a6000", "a40", "a30", "l40", "rtx6000-ada",
 ]  # fmt: skip
 
@@ -31,6 +31,7 @@ ALIASES = [
     ("NVIDIA A100-SXM4-80GB", "a100-sxm4-80gb"),
     ("NVIDIA A100-SXM4-40GB", "a100-sxm4-40gb"),
     ("NVIDIA A100-PCIE-40GB", "a100-pcie-40gb"),
+    ("NVIDIA A100 80GB PCIe", "a100-pcie-80gb"),
     ("NVIDIA L4", "l4"),
     ("NVIDIA L40S", "l40s"),
     ("NVIDIA H100 80GB HBM3", "h100-sxm5-80gb"),
