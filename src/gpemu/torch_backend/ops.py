@@ -258,6 +258,10 @@ def is_pinned_host(t: torch.Tensor) -> bool:
 
 def host_to_device(src: torch.Tensor, index: int, non_blocking: bool = False, dtype: torch.dtype | None = None) -> EmuTensor:
     """Copy a CPU tensor to emulated device `index` (copy engine; pageable or blocking copies block the host)."""
+    if src.is_nested:
+        from gpemu.torch_backend.nested import nested_error
+
+        raise nested_error("a nested tensor moved with .cuda() / .to('cuda')")  # Note [Nested tensors]
     pinned = is_pinned_host(src)
     nbytes = _nbytes(src)
     meta = torch.empty_strided(src.shape, src.stride(), dtype=src.dtype, device=META) if src.is_contiguous() else (
