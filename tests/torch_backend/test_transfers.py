@@ -24,6 +24,19 @@ def test_pinned_non_blocking_is_queued_on_the_copy_engine(emu: gt.Emulation) -> 
     assert emu.devices[0].stats.h2d_bytes == 67108864
 
 
+def test_host_factories_with_pin_memory_make_pinned_tensors(emu: gt.Emulation) -> None:
+    # pytorch/tutorials pinmem_nonblock.py: torch.randn(1_000_000, pin_memory=True) asked the absent driver for the
+    # buffer and died ("Found no NVIDIA driver on your system").
+    spec = emu.devices[0].spec
+    src = torch.randn(1024, 1024, pin_memory=True)  # 4 MiB of fp32 = 4194304 bytes
+    empty = torch.empty(8, 16, dtype=torch.uint8, pin_memory=True)
+    assert not src.is_cuda and src.shape == (1024, 1024) and src.is_pinned() and empty.is_pinned()
+    assert not torch.randn(4).is_pinned()
+    x = src.to("cuda:0", non_blocking=True)  # queued on the copy engine at the pinned bandwidth
+    assert x.is_cuda
+    assert emu.devices[0].engines["h2d"].busy_s == pytest.approx(4194304 / (spec.h2d_pinned_gbps * 1e9), rel=1e-9)
+
+
 def test_pageable_copy_blocks_the_host(emu: gt.Emulation) -> None:
     spec = emu.devices[0].spec
     src = torch.zeros(16, 1024, 1024, dtype=torch.uint8)  # 16 MiB pageable = 16777216 bytes

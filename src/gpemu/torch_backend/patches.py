@@ -22,7 +22,7 @@ from gpemu.torch_backend.ops import (
     peer_copy,
     set_known_value,
 )
-from gpemu.torch_backend.pinned import is_pinned, pin
+from gpemu.torch_backend.pinned import is_pinned, mark_pinned, pin
 from gpemu.torch_backend.tensor import META, EmuTensor, charge, wrap
 
 _MISSING = object()
@@ -259,6 +259,11 @@ def _patched_factory(name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
     def factory(*args: Any, **kwargs: Any) -> Any:
         index = _cuda_index(kwargs.get("device"))
         if index is None:
+            if kwargs.get("pin_memory"):  # a host tensor born pinned: torch asks the (absent) driver for the buffer
+                kwargs["pin_memory"] = False
+                host = orig(*args, **kwargs)
+                mark_pinned(host)  # pinned-memory tutorial: torch.randn(n, pin_memory=True) died "no NVIDIA driver"
+                return host
             return orig(*args, **kwargs)
         requires_grad = bool(kwargs.pop("requires_grad", False))
         kwargs.pop("pin_memory", None)
