@@ -100,3 +100,13 @@ def test_resident_threads_per_sm_follow_the_compute_capability(gpu: str, threads
         assert torch.cuda.get_device_properties(0).max_threads_per_multi_processor == threads
     finally:
         gt.uninstall()
+
+
+def test_host_to_device_copies_keep_the_memory_format(emu: gt.Emulation) -> None:
+    # pytorch/tutorials memory_format_tutorial.py: "``to``, ``cuda``, ``float`` ... preserves memory format"
+    x = torch.empty(10, 3, 32, 32, memory_format=torch.channels_last)
+    assert x.cuda().stride() == (3072, 1, 96, 3)  # was (3072, 1024, 32, 1)
+    assert x.to("cuda").is_contiguous(memory_format=torch.channels_last)
+    assert x.to("cuda", dtype=torch.float16).stride() == (3072, 1, 96, 3)
+    view = torch.empty(4, 8)[:, ::2]  # not dense: copied contiguous, as torch does
+    assert view.cuda().stride() == (4, 1)
