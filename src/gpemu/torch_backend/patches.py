@@ -392,9 +392,25 @@ def _get_accelerator(check: Any = None) -> torch.device:
     return torch.device("cuda")
 
 
+def _distinct(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Return a new function object that calls `fn` (Note [Distinct accelerator functions])."""
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    return call
+
+
+# Note [Distinct accelerator functions]: Dynamo builds its table of special-cased torch functions keyed by function
+# object and asserts that no key is registered twice; it registers torch.accelerator.current_stream next to
+# torch.cuda.current_stream, and torch.accelerator.synchronize next to torch.cuda.synchronize. gpemu had installed
+# the same object under both names, so the first Dynamo trace under emulation (torch._dynamo.explain, torch.export,
+# a CPU function given to Dynamo) died with "AssertionError: Handler already registered for <function
+# current_stream>" (pytorch/tutorials torch_compile_tutorial.py). Every torch.accelerator replacement is its own
+# function object.
 def accelerator_functions(emu: state.Emulation) -> dict[str, Any]:
-    """Return the torch.accelerator attributes gpemu replaces, by name."""
-    return {
+    """Return the torch.accelerator attributes gpemu replaces, by name (Note [Distinct accelerator functions])."""
+    shared = {
         "is_available": lambda: True,
         "current_accelerator": lambda check_available=False: torch.device("cuda"),
         "device_count": lambda: len(emu.devices),
@@ -413,6 +429,7 @@ def accelerator_functions(emu: state.Emulation) -> dict[str, Any]:
         "max_memory_reserved": _mem("max_memory_reserved"),
         "reset_peak_memory_stats": _mem("reset_peak_memory_stats"),
     }
+    return {name: fn if isinstance(fn, type) else _distinct(fn) for name, fn in shared.items()}
 
 
 def apply(emu: state.Emulation, patcher: Patcher) -> None:
