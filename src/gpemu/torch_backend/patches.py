@@ -410,7 +410,7 @@ def _distinct(fn: Callable[..., Any]) -> Callable[..., Any]:
 # function object.
 def accelerator_functions(emu: state.Emulation) -> dict[str, Any]:
     """Return the torch.accelerator attributes gpemu replaces, by name (Note [Distinct accelerator functions])."""
-    shared = {
+    shared: dict[str, Any] = {
         "is_available": lambda: True,
         "current_accelerator": lambda check_available=False: torch.device("cuda"),
         "device_count": lambda: len(emu.devices),
