@@ -131,3 +131,19 @@ def test_fused_steps_after_plain_steps_still_end_iterations() -> None:
     # 2 plain steps + 2 stepping backward passes = 4 boundaries: windows 0-2 closed, window 3 open (before the fix
     # 2 + 2 x 3 fused steps = 8 boundaries)
     assert len(report.collector.iterations) == 4
+
+
+def test_several_optimizers_stepped_after_one_backward_make_one_iteration() -> None:
+    report = RunReport([EmulatedGPU("v100", clock=ManualClock())], print_summary=False)
+    report.patch_optimizer()
+    try:
+        enc, dec = torch.nn.Parameter(torch.zeros(4)), torch.nn.Parameter(torch.zeros(4))
+        enc_opt, dec_opt = torch.optim.SGD([enc], lr=0.1), torch.optim.SGD([dec], lr=0.1)
+        for _ in range(3):  # pytorch/tutorials seq2seq_translation_tutorial's train(): one backward, two steps
+            (enc.sum() + dec.sum()).backward()
+            enc_opt.step()
+            dec_opt.step()
+    finally:
+        report.unpatch_optimizer()
+    # 3 training steps = 3 boundaries (the encoder steps), as _steps(3) gives; 6 before the fix
+    assert len(report.collector.iterations) == 3

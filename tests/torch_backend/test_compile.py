@@ -22,3 +22,28 @@ def test_compiled_module_runs_eager_and_compile_is_restored() -> None:
     finally:
         gt.uninstall()
     assert torch.compile is original
+
+
+def test_dynamo_traces_host_code_under_emulation() -> None:
+    # pytorch/tutorials torch_compile_tutorial.py: torch._dynamo.explain on CPU tensors died under gpemu with
+    # "Handler already registered for <function current_stream>" (Note [Distinct accelerator functions])
+    from torch._dynamo.variables.torch import TorchInGraphFunctionVariable
+
+    def bar(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        x = a / (torch.abs(a) + 1)
+        if b.sum() < 0:
+            b = b * -1
+        return x * b
+
+    gt.install("a100")
+    try:
+        TorchInGraphFunctionVariable._get_handlers.cache_clear()  # built with gpemu's torch.cuda / accelerator
+        torch._dynamo.reset()
+        assert torch.accelerator.current_stream is not torch.cuda.current_stream
+        assert torch.accelerator.synchronize is not torch.cuda.synchronize
+        out = torch._dynamo.explain(bar)(torch.randn(10), torch.randn(10))
+        assert out.graph_count == 2 and out.graph_break_count == 1  # the data-dependent `if` breaks the graph
+    finally:
+        gt.uninstall()
+        TorchInGraphFunctionVariable._get_handlers.cache_clear()
+        torch._dynamo.reset()

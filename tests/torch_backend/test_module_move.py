@@ -38,3 +38,24 @@ def test_an_optimizer_built_before_the_move_steps_the_emulated_parameters(emu: g
 def test_later_dtype_moves_keep_the_tie(emu: gt.Emulation) -> None:
     model = _tied().cuda().half()
     assert model[2].weight is model[0].weight and model[0].weight.dtype == torch.float16
+
+
+def test_a_recurrent_layer_inside_a_moved_module_keeps_its_identity(emu: gt.Emulation) -> None:
+    import warnings
+
+    class Encoder(torch.nn.Module):  # pytorch/tutorials seq2seq_translation_tutorial's EncoderRNN
+        def __init__(self) -> None:
+            super().__init__()
+            self.embedding = torch.nn.Embedding(50, 16)
+            self.gru = torch.nn.GRU(16, 16)
+
+    model = Encoder()
+    ids = [id(p) for p in model.parameters()]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the "could not keep its identity" GpemuWarning fails the test
+        model.to(torch.device("cuda"))
+    assert [id(p) for p in model.parameters()] == ids
+    assert all(isinstance(w, EmuTensor) for w in model.gru._flat_weights)  # the GRU's own list: the same objects
+    assert [r() for r in model.gru._flat_weight_refs] == model.gru._flat_weights
+    out, _h = model.gru(model.embedding(torch.tensor([[1], [2]], device="cuda")))
+    assert out.shape == (2, 1, 16) and out.is_cuda

@@ -24,6 +24,19 @@ def test_pinned_non_blocking_is_queued_on_the_copy_engine(emu: gt.Emulation) -> 
     assert emu.devices[0].stats.h2d_bytes == 67108864
 
 
+def test_host_factories_with_pin_memory_make_pinned_tensors(emu: gt.Emulation) -> None:
+    # pytorch/tutorials pinmem_nonblock.py: torch.randn(1_000_000, pin_memory=True) asked the absent driver for the
+    # buffer and died ("Found no NVIDIA driver on your system").
+    spec = emu.devices[0].spec
+    src = torch.randn(1024, 1024, pin_memory=True)  # 4 MiB of fp32 = 4194304 bytes
+    empty = torch.empty(8, 16, dtype=torch.uint8, pin_memory=True)
+    assert not src.is_cuda and src.shape == (1024, 1024) and src.is_pinned() and empty.is_pinned()
+    assert not torch.randn(4).is_pinned()
+    x = src.to("cuda:0", non_blocking=True)  # queued on the copy engine at the pinned bandwidth
+    assert x.is_cuda
+    assert emu.devices[0].engines["h2d"].busy_s == pytest.approx(4194304 / (spec.h2d_pinned_gbps * 1e9), rel=1e-9)
+
+
 def test_pageable_copy_blocks_the_host(emu: gt.Emulation) -> None:
     spec = emu.devices[0].spec
     src = torch.zeros(16, 1024, 1024, dtype=torch.uint8)  # 16 MiB pageable = 16777216 bytes
@@ -87,3 +100,13 @@ def test_resident_threads_per_sm_follow_the_compute_capability(gpu: str, threads
         assert torch.cuda.get_device_properties(0).max_threads_per_multi_processor == threads
     finally:
         gt.uninstall()
+
+
+def test_host_to_device_copies_keep_the_memory_format(emu: gt.Emulation) -> None:
+    # pytorch/tutorials memory_format_tutorial.py: "``to``, ``cuda``, ``float`` ... preserves memory format"
+    x = torch.empty(10, 3, 32, 32, memory_format=torch.channels_last)
+    assert x.cuda().stride() == (3072, 1, 96, 3)  # was (3072, 1024, 32, 1)
+    assert x.to("cuda").is_contiguous(memory_format=torch.channels_last)
+    assert x.to("cuda", dtype=torch.float16).stride() == (3072, 1, 96, 3)
+    view = torch.empty(4, 8)[:, ::2]  # not dense: copied contiguous, as torch does
+    assert view.cuda().stride() == (4, 1)

@@ -65,6 +65,12 @@ def _torch_backend_recordings() -> Callable[[], int] | None:
 # gradient accumulation and an optimizer, iterations are optimizer steps: the first step comes after several backward
 # passes (nanoGPT: gradient_accumulation_steps of them), whose boundaries were micro-steps, so the first step drops
 # the iterations they opened before it marks its own.
+# Note [Several optimizers per step]: a loop with one optimizer per sub-network (pytorch/tutorials
+# seq2seq_translation_tutorial: `encoder_optimizer.step(); decoder_optimizer.step()` after one backward) made two
+# iterations of each step, the second holding nothing but the decoder's update: the report's medians (GPU 0.01 ms
+# launched per iteration against a 2.5 ms mean) and its iteration count (2x) were wrong. A step that follows another
+# step with no backward pass between them (once backward passes have been seen) belongs to the same iteration. A
+# GAN without a DataLoader (backward, D step, backward, G step) still counts two.
 # Note [Optimizer steps in backward]: optimizers can run inside the backward pass, one per parameter, from
 # `Tensor.register_post_accumulate_grad_hook` (pytorch/tutorials optimizer_step_in_backward_tutorial, which saves the
 # gradients' memory this way). Each of those steps ended an iteration, so a ViT-L/16 step counted as ~290 iterations
@@ -104,6 +110,7 @@ class RunReport:
         self._steps_seen = 0
         self._steps_in_backward = 0  # optimizer steps taken inside the running backward pass
         self._backwards_seen = 0
+        self._backwards_at_step = 0  # _backwards_seen at the last step boundary: Note [Several optimizers per step]
         self._first_backward_iteration: int | None = None  # index of the first iteration a backward pass opened
 
     # -- DataLoader patch -------------------------------------------------------------------------------------------
@@ -157,6 +164,9 @@ class RunReport:
         def _step_boundary() -> None:
             report._steps_seen += 1
             report.collector.note_training()
+            if report._backwards_seen and report._backwards_seen == report._backwards_at_step:
+                return  # no backward since the last step: the same iteration (Note [Several optimizers per step])
+            report._backwards_at_step = report._backwards_seen
             if not report._saw_fetch:
                 if report._steps_seen == 1 and report._first_backward_iteration is not None:
                     report.collector.drop_iterations(report._first_backward_iteration)

@@ -20,6 +20,7 @@ from gpemu.torch_backend import (
     dropout,
     ipc,
     module_move,
+    nested,
     optim_replay,
     rnn,
     sdpa,
@@ -78,6 +79,7 @@ def install(
     data_parallel.apply(_patcher)
     module_move.apply(_patcher)
     sdpa.apply(_patcher)
+    nested.apply(_patcher)
     dropout.apply(_patcher)
     _patch_autocast(_patcher, emu)
     autocast.apply(_patcher)

@@ -11,6 +11,12 @@ original Python object (`torch.utils.swap_tensors`; gpemu's own weak references 
 slot that shared the original object gets it again. If a swap is impossible (some other weak reference to the
 tensor), the slots still share one new tensor and a one-time warning says that references taken before the move see
 the CPU tensor.
+
+Recurrent layers inside a moved module: `RNNBase._apply` rebuilds `_flat_weight_refs` (weak references to its new
+parameters) once its own move is done, before the outermost `_apply` restores identity, so the swap saw someone
+watching every nn.GRU/nn.LSTM weight and gave up: `EncoderRNN(...).to(device)` (an embedding and a GRU, pytorch/
+tutorials seq2seq_translation_tutorial) warned and lost its GRU's identity. Those references are dropped before the
+swap and rebuilt after it from the module's attributes (without a second flatten_parameters).
 """
 
 from __future__ import annotations
@@ -104,7 +110,13 @@ def patched_apply(original: Callable[..., Any]) -> Callable[..., Any]:
             out = original(self, fn, *args, **kwargs)
         finally:
             _tls.depth = 0
+        rnns = [m for m in self.modules() if isinstance(m, torch.nn.RNNBase)]
+        for m in rnns:  # its weak references to the new weights would stop the swap (see the module docstring)
+            m._flat_weight_refs = []
         _restore_identity(before)
+        for m in rnns:  # RNNBase._init_flat_weights without its flatten_parameters() (already done, and charged)
+            m._flat_weights = [getattr(m, n) if hasattr(m, n) else None for n in m._flat_weights_names]
+            m._flat_weight_refs = [weakref.ref(w) if w is not None else None for w in m._flat_weights]
         return out
 
     _apply.__wrapped__ = original  # type: ignore[attr-defined]

@@ -258,11 +258,15 @@ def is_pinned_host(t: torch.Tensor) -> bool:
 
 def host_to_device(src: torch.Tensor, index: int, non_blocking: bool = False, dtype: torch.dtype | None = None) -> EmuTensor:
     """Copy a CPU tensor to emulated device `index` (copy engine; pageable or blocking copies block the host)."""
+    if src.is_nested:
+        from gpemu.torch_backend.nested import nested_error
+
+        raise nested_error("a nested tensor moved with .cuda() / .to('cuda')")  # Note [Nested tensors]
     pinned = is_pinned_host(src)
     nbytes = _nbytes(src)
-    meta = torch.empty_strided(src.shape, src.stride(), dtype=src.dtype, device=META) if src.is_contiguous() else (
-        torch.empty(src.shape, dtype=src.dtype, device=META)
-    )
+    # torch.preserve_format, as `.cuda()` / `.to("cuda")` on a GPU: a dense tensor keeps its strides (a channels_last
+    # batch stays channels_last; before session 8 only contiguous ones did), anything else becomes contiguous
+    meta = torch.empty_like(src, device=META)
     out = wrap(meta, index, tag="h2d")
     if nbytes == 0:  # torch copies nothing for an empty tensor (transformers' caches start as torch.tensor([]))
         if dtype is not None and dtype != src.dtype:

@@ -31,7 +31,7 @@ from gpemu.torch_backend.ops import (
     peer_copy,
     set_known_value,
 )
-from gpemu.torch_backend.pinned import is_pinned, pin
+from gpemu.torch_backend.pinned import is_pinned, mark_pinned, pin
 from gpemu.torch_backend.tensor import META, EmuTensor, charge, wrap
 
 _MISSING = object()
@@ -268,6 +268,11 @@ def _patched_factory(name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
     def factory(*args: Any, **kwargs: Any) -> Any:
         index = _cuda_index(kwargs.get("device"))
         if index is None:
+            if kwargs.get("pin_memory"):  # a host tensor born pinned: torch asks the (absent) driver for the buffer
+                kwargs["pin_memory"] = False
+                host = orig(*args, **kwargs)
+                mark_pinned(host)  # pinned-memory tutorial: torch.randn(n, pin_memory=True) died "no NVIDIA driver"
+                return host
             return orig(*args, **kwargs)
         requires_grad = bool(kwargs.pop("requires_grad", False))
         kwargs.pop("pin_memory", None)
@@ -406,9 +411,25 @@ def _get_accelerator(check: Any = None) -> torch.device:
     return torch.device("cuda")
 
 
+def _distinct(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Return a new function object that calls `fn` (Note [Distinct accelerator functions])."""
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    return call
+
+
+# Note [Distinct accelerator functions]: Dynamo builds its table of special-cased torch functions keyed by function
+# object and asserts that no key is registered twice; it registers torch.accelerator.current_stream next to
+# torch.cuda.current_stream, and torch.accelerator.synchronize next to torch.cuda.synchronize. gpemu had installed
+# the same object under both names, so the first Dynamo trace under emulation (torch._dynamo.explain, torch.export,
+# a CPU function given to Dynamo) died with "AssertionError: Handler already registered for <function
+# current_stream>" (pytorch/tutorials torch_compile_tutorial.py). Every torch.accelerator replacement is its own
+# function object.
 def accelerator_functions(emu: state.Emulation) -> dict[str, Any]:
-    """Return the torch.accelerator attributes gpemu replaces, by name."""
-    return {
+    """Return the torch.accelerator attributes gpemu replaces, by name (Note [Distinct accelerator functions])."""
+    shared: dict[str, Any] = {
         "is_available": lambda: True,
         "current_accelerator": lambda check_available=False: torch.device("cuda"),
         "device_count": lambda: len(emu.devices),
@@ -433,6 +454,7 @@ def accelerator_functions(emu: state.Emulation) -> dict[str, Any]:
         "empty_host_cache": accelerator_api.empty_host_cache,
         **{name: cuda_api.graphs_unsupported(name) for name in ("Graph",)},
     }
+    return {name: fn if isinstance(fn, type) else _distinct(fn) for name, fn in shared.items()}
 
 
 def apply(emu: state.Emulation, patcher: Patcher) -> None:
