@@ -79,6 +79,32 @@ def test_tensor_core_ops_use_tc_eff_not_the_cuda_core_fit() -> None:
         (2 * n**3 + p["w_half"] * 80) / (14e12 * p["e_matmul"] * a) + p["k0"], rel=1e-12)
 
 
+def test_fused_attention_is_priced_at_its_published_efficiency() -> None:
+    # Note [Fused attention efficiency]: FlashAttention-2 reaches 0.60 of the tensor peak before Hopper (A100:
+    # 50-73 %, geometric mean) and 0.35 on Hopper, where a large GEMM reaches tc_eff (0.77)
+    from gpemu.cost.model import FUSED_ATTENTION_EFF, FUSED_ATTENTION_EFF_HOPPER, fused_attention_eff
+    from gpemu.cost.registry import OpCost, sdpa_flops
+    from gpemu.cost.roofline import cost_time_s
+
+    params = load_params()
+    p = params.shared
+    # GPT-2 attention, batch 8 x 12 heads x 1024 tokens x head dim 64, causal: 4*96*1024^2*64 / 2 = 1.29e10 FLOPs
+    flops = sdpa_flops((8, 12, 1024, 64), (8, 12, 1024, 64), (8, 12, 1024, 64), causal=True)
+    assert flops == 4 * 96 * 1024**2 * 64 // 2
+    attn = OpCost(flops, 4 * 8 * 12 * 1024 * 64 * 2, "attention", "bf16", tensor_core=True)  # q, k, v, o: 25 MB
+    for key, sms, peak, eff in (("a100-sxm4-80gb", 108, 312e12, FUSED_ATTENTION_EFF),
+                                ("h100-sxm5-80gb", 132, 989.5e12, FUSED_ATTENTION_EFF_HOPPER)):
+        spec = get_gpu(key)
+        assert fused_attention_eff(spec, params.tc_eff) == eff < params.tc_eff
+        # A100: (1.29e10 + 1.4e8) / (312e12 * 0.60) = 69.6 us; H100: (1.29e10 + 1.7e8) / (989.5e12 * 0.35) = 37.7 us
+        compute = (flops + p["w_half"] * sms) / (peak * eff)
+        assert cost_time_s(attn, "_scaled_dot_product_flash_attention", spec, params) == pytest.approx(
+            compute + p["k0"], rel=1e-12)
+        gemm = OpCost(flops, 1e6, "matmul", "bf16", tensor_core=True)  # the same FLOPs in a GEMM (1 MB): at tc_eff
+        assert cost_time_s(gemm, "mm", spec, params) == pytest.approx(
+            (flops + p["w_half"] * sms) / (peak * params.tc_eff) + p["k0"], rel=1e-12)
+
+
 def test_16_bit_streaming_ops_use_m_stream() -> None:
     # Note [16-bit streaming]: memory_s = M / (bw * m_stream) + latency, no per-GPU b; fp32 keeps m_c * b
     from gpemu.cost.registry import OpCost

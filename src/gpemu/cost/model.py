@@ -121,6 +121,28 @@ def has_tensor_cores(spec: GPUSpec) -> bool:
 # matmul throughputs of six GPUs (bench/published_validation.py, leave-one-out; docs/cost-model.md) and validated on
 # whole published training steps (resnet50 AMP / TF32, BERT and GPT-2 layers) that are not in the fit. Until
 # session 4 this was tc_rel = 0.5 times e_c (a prior): 0.45 of peak for a GEMM, 1.08 for a conv backward.
+# Note [Fused attention efficiency]
+# The fused attention kernels that scaled_dot_product_attention routes to (flash, memory-efficient: Note [SDPA
+# backend choice] in torch_backend/sdpa.py) do their two matmuls per tile between an online softmax's exponentials,
+# rescalings and shared-memory round trips, so they reach less of the tensor peak than a large GEMM (tc_eff).
+# Stated, not fitted, from the kernels' own papers: FlashAttention-2, the kernel behind PyTorch's flash backend,
+# reaches "50-73 % of the theoretical maximum FLOPs/s on A100" (Dao 2023, arXiv:2307.08691, abstract): priced at
+# the geometric mean, 0.60 of the tensor peak, on every GPU before Hopper (its Ampere mma instructions run the same
+# way on Ada; Volta and Turing get the memory-efficient kernel, for which no figure is published: the same 0.60,
+# a lower bound on its time). On Hopper, FlashAttention-2 "achieves only 35 % utilization on the H100 GPU" (Shah et
+# al. 2024, FlashAttention-3, arXiv:2407.08608, abstract): it does not use Hopper's warpgroup MMA or TMA, which
+# the GEMMs that tc_eff describes do; priced at 0.35 from compute capability 9.0 on (Blackwell too: the same kernel).
+FUSED_ATTENTION_EFF = 0.60
+FUSED_ATTENTION_EFF_HOPPER = 0.35
+
+
+def fused_attention_eff(spec: GPUSpec, tc_eff: float) -> float:
+    """Return the fraction of the tensor peak a fused attention kernel reaches on `spec` (Note [Fused attention
+    efficiency]), never above tc_eff."""
+    eff = FUSED_ATTENTION_EFF_HOPPER if tuple(spec.compute_capability) >= (9, 0) else FUSED_ATTENTION_EFF
+    return min(tc_eff, eff)
+
+
 def uses_tensor_cores(spec: GPUSpec, dtype: str, category: str, tensor_core: bool) -> bool:
     """Return True when an op of this dtype/category runs on tensor cores on `spec` (Note [Tensor-core
     efficiency])."""
@@ -310,6 +332,8 @@ class SpecColumns:
     peak: np.ndarray
     tensor_core: np.ndarray  # bool: priced at tc_eff of the tensor-core peak (Note [Tensor-core efficiency])
     tc_eff: float
+    fused_attention: np.ndarray  # bool: tensor-core fused attention, at attention_eff instead (Note [Fused attention
+    attention_eff: float  # efficiency])
     stream: np.ndarray  # bool: 16-bit streaming kernels priced at m_stream (Note [16-bit streaming])
     m_stream: float
     relayout_stream: np.ndarray  # bool: a 16-bit convolution's layout transposes also stream at m_stream
@@ -510,6 +534,8 @@ def spec_columns(ops: OpArrays, spec: GPUSpec, tc_eff: float, m_stream: float = 
         peak=peaks,
         tensor_core=on_tc,
         tc_eff=tc_eff,
+        fused_attention=on_tc & np.array([c == "attention" for c in ops.category], dtype=bool),
+        attention_eff=fused_attention_eff(spec, tc_eff),
         stream=stream,
         m_stream=m_stream,
         relayout_stream=(relayout > 0) & np.array([streams_physically(spec, d, m_stream) for d in ops.dtype],
@@ -588,7 +614,9 @@ def kernel_seconds(flops: Any, nbytes: Any, cols: SpecColumns, p: dict[str, Any]
     has_compute = torch.as_tensor(cols.compute_param >= 0)
     eff = e_op * f["a"]
     if cols.tensor_core.any():  # See Note [Tensor-core efficiency]
-        eff = torch.where(torch.as_tensor(cols.tensor_core), torch.as_tensor(cols.tc_eff, dtype=torch.float64), eff)
+        tc = torch.where(torch.as_tensor(cols.fused_attention), torch.as_tensor(cols.attention_eff, dtype=torch.float64),
+                         torch.as_tensor(cols.tc_eff, dtype=torch.float64))  # Note [Fused attention efficiency]
+        eff = torch.where(torch.as_tensor(cols.tensor_core), tc, eff)
     compute = (flops + p["w_half"] * cols.sm_count) / (torch.as_tensor(cols.peak) * eff)
     compute = torch.where(has_compute, compute, torch.zeros_like(compute))
     latency = p["mem_lat_cycles"] / cols.clock_hz

@@ -18,6 +18,7 @@ from gpemu.cost.model import (
     bn_plane,
     compute_param_index,
     conv_group_width,
+    fused_attention_eff,
     group_efficiency,
     is_pointwise_conv,
     load_params,
@@ -97,7 +98,9 @@ def cost_time_s(cost: OpCost, name: str, spec: GPUSpec, params: CostParams | Non
         if cidx in (2, 3) and group_width > 1:  # See Note [Group width]
             dense = p["e_conv_1x1_bwd" if cidx == 3 else "e_conv_1x1"]
             e_c = float(group_efficiency(e_c, dense, group_width, p["group_width_half"]))
-        eff = params.tc_eff if on_tc else e_c * f["a"]  # Note [Tensor-core efficiency]
+        eff = e_c * f["a"]
+        if on_tc:  # Note [Tensor-core efficiency], Note [Fused attention efficiency]
+            eff = fused_attention_eff(spec, params.tc_eff) if cost.category == "attention" else params.tc_eff
         compute = (cost.flops + p["w_half"] * spec.sm_count) / (peak * eff)
     backward = name.endswith(("_backward", "_backward_data"))  # the phase is unknown here; named grads are bwd
     staged = bool(staged_conv(np.array([cidx]), np.array([on_tc]))[0])  # See Note [Staged convolutions]
