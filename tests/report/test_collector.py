@@ -101,6 +101,37 @@ def test_work_after_the_epoch_ends_still_counts_for_its_iteration() -> None:
     assert col.iterations[1].end_s == pytest.approx(0.150)
 
 
+def test_a_prefetching_loaders_last_batch_after_the_loader_ran_out_is_an_iteration() -> None:
+    # timm's PrefetchLoader fetches batch k+1 before yielding batch k (Note [Prefetching loaders]): its last batch
+    # runs after the DataLoader raised StopIteration. That step was in no iteration; now a tail window holds it.
+    clock = ManualClock()
+    emu = Emulator("v100", clock=clock)
+    col = RunCollector(emu.devices, clock=clock.now)
+    col.on_fetch(0.0, 0.0)  # batch 0 fetched; nothing runs yet (the prefetcher only copies it)
+    clock.advance(0.001)
+    col.on_fetch(clock.now(), clock.now())  # batch 1 fetched at 1 ms, then batch 0 runs
+    emu.compute(0.020)
+    emu.synchronize()  # loss.item(): the host waits until 21 ms
+    col.note_training()
+    col.on_exhausted(clock.now())  # at 21 ms: the loader ran out; the prefetcher now yields batch 1
+    emu.compute(0.020)  # 21 -> 41 ms
+    emu.synchronize()
+    col.note_training()
+    clock.advance(0.004)
+    col.on_fetch(clock.now(), clock.now())  # at 45 ms: validation's first fetch
+    rows = iteration_rows(col)
+    assert [r["train"] for r in rows[:3]] == [False, True, True]
+    # (each kernel launch adds the V100's 5 us launch latency to the host clock: hence abs=1e-4)
+    assert rows[1]["gpu_work_s"] == pytest.approx(0.020) and rows[1]["wall_s"] == pytest.approx(0.020, abs=1e-4)
+    tail = rows[2]  # the batch-1 step: 21 -> 45 ms, 20 ms of it on the GPU
+    assert tail["gpu_work_s"] == pytest.approx(0.020) and tail["wall_s"] == pytest.approx(0.024, abs=1e-4)
+    # a loop that launches nothing after its loader runs out gets no tail row, and the run's last one is dropped too
+    clock.advance(0.010)
+    col.on_exhausted(clock.now())
+    col.finish()
+    assert len(iteration_rows(col)) == 4
+
+
 def test_summary_skips_warmup() -> None:
     _, col = _run()
     summary = summarize(iteration_rows(col), warmup=1)
