@@ -32,9 +32,11 @@ from gpemu.device.gpu import EmulatedGPU
 # step per epoch, and its validation (one batch per loader) reported evaluation iterations of 0.1 ms of GPU work (the
 # prefetch's normalisation) where the ResNet-50 forward takes ~16 ms. So an exhausted fetch opens a tail window at
 # the host's moment of exhaustion, lasting until the next fetch or the end of the run. It becomes an iteration only if
-# work was launched or a backward pass ran in it (the iteration before it then ends where the tail starts); else it
-# is forgotten and the report reads as before (a plain loop launches nothing between its last step and the next
-# loader's first fetch).
+# GPU compute was launched or a backward pass ran in it (the iteration before it then ends where the tail starts);
+# else it is forgotten and the report reads as before (a plain loop launches no kernel between its last step and
+# the next loader's first fetch: a checkpoint's device-to-host copies and the near-free bookkeeping ops around it, under
+# TAIL_MIN_COMPUTE_S of kernels in all, do not count).
+TAIL_MIN_COMPUTE_S = 1e-6
 
 
 class EngineLog:
@@ -225,7 +227,7 @@ class RunCollector:
         if win is None:
             return
         if win.tail:  # See Note [Prefetching loaders]
-            if not win.trained and not win.launched_s:
+            if not win.trained and _compute_launched_s(win) < TAIL_MIN_COMPUTE_S:
                 self._open = None  # idle: no iteration, and the one before it keeps its end
                 return
             prev = self.iterations[-1] if self.iterations else None
