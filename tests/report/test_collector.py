@@ -132,6 +132,35 @@ def test_a_prefetching_loaders_last_batch_after_the_loader_ran_out_is_an_iterati
     assert len(iteration_rows(col)) == 4
 
 
+def test_a_window_that_called_no_model_is_not_an_evaluation_iteration() -> None:
+    # Note [Windows without a model call]: a prefetching loader's first window per epoch only copies and normalises
+    # the next batch; with no backward it was an "evaluation iteration" of ~0.1 ms of GPU work
+    clock = ManualClock()
+    emu = Emulator("v100", clock=clock)
+    calls = [0]
+    col = RunCollector(emu.devices, clock=clock.now, calls_meter=lambda: calls[0])
+    for _ in range(4):  # training: one module call and a backward per window
+        col.mark_iteration()
+        calls[0] += 1
+        emu.compute(0.010)
+        emu.synchronize()
+        col.note_training()
+    col.mark_iteration()  # the evaluation loader's first window: the prefetch's normalisation only
+    emu.compute(0.0001)
+    emu.synchronize()
+    col.mark_iteration()  # an evaluation forward
+    calls[0] += 1
+    emu.compute(0.005)
+    emu.synchronize()
+    col.mark_iteration()
+    rows = iteration_rows(col)
+    assert [r["module_calls"] for r in rows[4:6]] == [0, 1]
+    summary = summarize(rows, warmup=1)
+    assert summary["evaluation"]["iterations"] == 1  # the forward, not the prefetch window too
+    assert summary["evaluation"]["gpu_work_s"]["mean"] == pytest.approx(0.005)
+    assert "1 iteration(s) with no GPU work or no model call left out" in summary["note"]
+
+
 def test_summary_skips_warmup() -> None:
     _, col = _run()
     summary = summarize(iteration_rows(col), warmup=1)
@@ -226,7 +255,7 @@ def test_iterations_with_no_gpu_work_are_left_out_not_called_evaluation() -> Non
     summary = summarize([probe, train, train, train, probe, train, train], warmup=1)
     assert summary["iterations_used"] == 5  # the 5 training rows after the warm-up row (the first probe)
     assert "evaluation" not in summary
-    assert "1 iteration(s) with no GPU work left out" in summary["note"]
+    assert "1 iteration(s) with no GPU work or no model call left out" in summary["note"]
     assert summary["wall_s"]["mean"] == pytest.approx(0.002)
     # an evaluation row (GPU work, no backward) is still summarised apart
     evaluation = {**_row(0.001, 0.0005, 0.0), "train": False, "emulator_ops": 3}

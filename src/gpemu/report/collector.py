@@ -99,6 +99,8 @@ class IterationWindow:
     emulator_end: tuple[float, int] = (0.0, 0)
     recorded_start: int = 0  # calls the replay path recorded per op so far (Note [Recording steps later on])
     recorded_end: int = 0
+    calls_start: int = -1  # module calls so far, -1 without a meter (Note [Windows without a model call])
+    calls_end: int = -1
     partial: bool = False
     trained: bool = False  # a backward pass or an optimizer step ran in it (else: evaluation / inference)
     tail: bool = False  # opened by an exhausted fetch, kept only if it ran work (Note [Prefetching loaders])
@@ -115,11 +117,13 @@ class RunCollector:
         trace: Any = None,
         emulator_meter: Callable[[], tuple[float, int]] | None = None,
         recordings_meter: Callable[[], int] | None = None,
+        calls_meter: Callable[[], int] | None = None,
     ) -> None:
         self._devices_provider = devices if callable(devices) else (lambda: list(devices or []))
         # (host seconds, ops) the emulator itself spent so far; see Note [Emulator host time] in torch_backend/tensor.py
         self.emulator_meter = emulator_meter
         self.recordings_meter = recordings_meter  # calls recorded per op by the replay path so far
+        self.calls_meter = calls_meter  # module calls so far (drop-in mode)
         self.now = clock
         self.trace = trace
         self.devices: list[EmulatedGPU] = []
@@ -181,6 +185,8 @@ class RunCollector:
                 win.emulator_start = self.emulator_meter()
             if self.recordings_meter is not None:
                 win.recorded_start = self.recordings_meter()
+            if self.calls_meter is not None:
+                win.calls_start = self.calls_meter()
             self.iterations.append(win)
             self._open = win
             if self.trace is not None:
@@ -203,6 +209,8 @@ class RunCollector:
                     tail.emulator_start = self.emulator_meter()
                 if self.recordings_meter is not None:
                     tail.recorded_start = self.recordings_meter()
+                if self.calls_meter is not None:
+                    tail.calls_start = self.calls_meter()
                 self._open = tail
 
     def note_training(self) -> None:
@@ -243,6 +251,8 @@ class RunCollector:
             win.emulator_end = self.emulator_meter()
         if self.recordings_meter is not None:
             win.recorded_end = self.recordings_meter()
+        if self.calls_meter is not None:
+            win.calls_end = self.calls_meter()
         self._open = None
         if self.trace is not None:
             self.trace.host_span(f"iteration {win.index}", win.start_s, win.end_s, category="iteration")

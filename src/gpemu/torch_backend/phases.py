@@ -263,6 +263,7 @@ class PhaseTracker:
         self.scale: float | None = None
         self.args: dict[str, object] = _PREDICTED_ARGS
         self.steps = 0
+        self.module_calls = 0  # module calls outside a top module's forward (Note [Windows without a model call])
         self.workloads: dict[int, str | None] = {}
         self._targets: dict[tuple[str, int, str, str, str], float | None] = {}
         self._handles: list[Any] = []
@@ -321,6 +322,7 @@ class PhaseTracker:
         pending, self.pending_kwargs = self.pending_kwargs, None
         if self.top is not None or _replica_thread() or torch._C._current_autograd_node() is not None:
             return  # inside backward: activation checkpointing's recomputation (Note [Modules called in backward])
+        self.module_calls += 1
         from gpemu.torch_backend.tensor import EmuTensor, check_fp32_modes
 
         # cached op costs follow the TF32 flags, and so does the step's phase key (Note [FP32 math modes] in
