@@ -101,6 +101,66 @@ def test_work_after_the_epoch_ends_still_counts_for_its_iteration() -> None:
     assert col.iterations[1].end_s == pytest.approx(0.150)
 
 
+def test_a_prefetching_loaders_last_batch_after_the_loader_ran_out_is_an_iteration() -> None:
+    # timm's PrefetchLoader fetches batch k+1 before yielding batch k (Note [Prefetching loaders]): its last batch
+    # runs after the DataLoader raised StopIteration. That step was in no iteration; now a tail window holds it.
+    clock = ManualClock()
+    emu = Emulator("v100", clock=clock)
+    col = RunCollector(emu.devices, clock=clock.now)
+    col.on_fetch(0.0, 0.0)  # batch 0 fetched; nothing runs yet (the prefetcher only copies it)
+    clock.advance(0.001)
+    col.on_fetch(clock.now(), clock.now())  # batch 1 fetched at 1 ms, then batch 0 runs
+    emu.compute(0.020)
+    emu.synchronize()  # loss.item(): the host waits until 21 ms
+    col.note_training()
+    col.on_exhausted(clock.now())  # at 21 ms: the loader ran out; the prefetcher now yields batch 1
+    emu.compute(0.020)  # 21 -> 41 ms
+    emu.synchronize()
+    col.note_training()
+    clock.advance(0.004)
+    col.on_fetch(clock.now(), clock.now())  # at 45 ms: validation's first fetch
+    rows = iteration_rows(col)
+    assert [r["train"] for r in rows[:3]] == [False, True, True]
+    # (each kernel launch adds the V100's 5 us launch latency to the host clock: hence abs=1e-4)
+    assert rows[1]["gpu_work_s"] == pytest.approx(0.020) and rows[1]["wall_s"] == pytest.approx(0.020, abs=1e-4)
+    tail = rows[2]  # the batch-1 step: 21 -> 45 ms, 20 ms of it on the GPU
+    assert tail["gpu_work_s"] == pytest.approx(0.020) and tail["wall_s"] == pytest.approx(0.024, abs=1e-4)
+    # a loop that launches nothing after its loader runs out gets no tail row, and the run's last one is dropped too
+    clock.advance(0.010)
+    col.on_exhausted(clock.now())
+    col.finish()
+    assert len(iteration_rows(col)) == 4
+
+
+def test_a_window_that_called_no_model_is_not_an_evaluation_iteration() -> None:
+    # Note [Windows without a model call]: a prefetching loader's first window per epoch only copies and normalises
+    # the next batch; with no backward it was an "evaluation iteration" of ~0.1 ms of GPU work
+    clock = ManualClock()
+    emu = Emulator("v100", clock=clock)
+    calls = [0]
+    col = RunCollector(emu.devices, clock=clock.now, calls_meter=lambda: calls[0])
+    for _ in range(4):  # training: one module call and a backward per window
+        col.mark_iteration()
+        calls[0] += 1
+        emu.compute(0.010)
+        emu.synchronize()
+        col.note_training()
+    col.mark_iteration()  # the evaluation loader's first window: the prefetch's normalisation only
+    emu.compute(0.0001)
+    emu.synchronize()
+    col.mark_iteration()  # an evaluation forward
+    calls[0] += 1
+    emu.compute(0.005)
+    emu.synchronize()
+    col.mark_iteration()
+    rows = iteration_rows(col)
+    assert [r["module_calls"] for r in rows[4:6]] == [0, 1]
+    summary = summarize(rows, warmup=1)
+    assert summary["evaluation"]["iterations"] == 1  # the forward, not the prefetch window too
+    assert summary["evaluation"]["gpu_work_s"]["mean"] == pytest.approx(0.005)
+    assert "1 iteration(s) with no GPU work or no model call left out" in summary["note"]
+
+
 def test_summary_skips_warmup() -> None:
     _, col = _run()
     summary = summarize(iteration_rows(col), warmup=1)
@@ -195,7 +255,7 @@ def test_iterations_with_no_gpu_work_are_left_out_not_called_evaluation() -> Non
     summary = summarize([probe, train, train, train, probe, train, train], warmup=1)
     assert summary["iterations_used"] == 5  # the 5 training rows after the warm-up row (the first probe)
     assert "evaluation" not in summary
-    assert "1 iteration(s) with no GPU work left out" in summary["note"]
+    assert "1 iteration(s) with no GPU work or no model call left out" in summary["note"]
     assert summary["wall_s"]["mean"] == pytest.approx(0.002)
     # an evaluation row (GPU work, no backward) is still summarised apart
     evaluation = {**_row(0.001, 0.0005, 0.0), "train": False, "emulator_ops": 3}

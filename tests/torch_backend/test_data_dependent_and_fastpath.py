@@ -92,6 +92,55 @@ def test_detection_model_trains_and_evaluates(emu: gt.Emulation) -> None:
     assert detections[0]["boxes"].shape == (100, 4)  # worst case: detections_per_img (100) boxes kept
 
 
+def test_masks_scattered_into_zeros_select_at_most_what_was_written(emu: gt.Emulation) -> None:
+    # torchvision's BalancedPositiveNegativeSampler on 2,002 proposals (Note [Nonzero bounds]): 128 positive and
+    # 384 negative indices scattered into zeros_like masks; `where(pos | neg)` selects at most 128 + 384 = 512, where
+    # the worst-case fraction (1.0) selected all 2,002 before
+    matched = torch.rand(2002, device="cuda").long()  # computed: values unknown
+    positive, negative = torch.where(matched >= 1)[0], torch.where(matched == 0)[0]
+    assert positive.shape == (2002,)  # unknown values: the worst case
+    masks = []
+    for idx, k in ((positive, 128), (negative, 384)):
+        mask = torch.zeros_like(matched, dtype=torch.uint8)
+        mask[idx[torch.randperm(idx.numel(), device="cuda")[:k]]] = 1
+        masks.append(mask)
+    pos, neg = masks
+    assert torch.where(pos | neg)[0].shape == (512,)
+    assert torch.where(torch.cat([pos, neg]))[0].shape == (512,)  # the RPN's form
+    assert matched[pos.bool()].shape == (128,) and torch.masked_select(matched, neg.bool()).shape == (384,)
+    assert torch.where(pos & neg)[0].shape == (128,)  # at most the smaller bound
+    big = torch.zeros(200_000, dtype=torch.uint8, device="cuda")  # over 64 KiB: no known value, still a bound
+    big[positive[:256]] = 1
+    assert torch.where(big)[0].shape == (256,)
+    rows = torch.zeros(100, 4, device="cuda")
+    rows[positive[:3]] = 1.0  # 3 rows of 4 elements
+    assert torch.nonzero(rows).shape == (12, 2)
+    big.add_(1)  # any other in-place change forgets the bound
+    assert torch.where(big)[0].shape == (200_000,)
+    acc = torch.zeros(1000, device="cuda")
+    acc.index_put_((positive[:10],), torch.ones(10, device="cuda"), accumulate=True)
+    assert torch.nonzero(acc).shape == (1000, 1)  # accumulate: no bound kept (the prior value is added to)
+
+
+def test_mask_rcnn_heads_run_on_the_sampled_rois(emu: gt.Emulation) -> None:
+    torchvision = pytest.importorskip("torchvision")
+    model = torchvision.models.detection.maskrcnn_resnet50_fpn(
+        weights=None, weights_backbone=None, num_classes=2, min_size=128, max_size=160, rpn_post_nms_top_n_train=1000
+    ).cuda()
+    rois: list[int] = []
+    model.roi_heads.box_head.register_forward_pre_hook(lambda m, args: rois.append(args[0].shape[0]))
+    model.roi_heads.mask_head.register_forward_pre_hook(lambda m, args: rois.append(args[0].shape[0]))
+    images = [torch.rand(3, 128, 160).cuda() for _ in range(2)]
+    box = torch.tensor([[10.0, 20.0, 100.0, 120.0]])
+    targets = [{"boxes": box.cuda(), "labels": torch.tensor([1]).cuda(),
+                "masks": torch.ones(1, 128, 160, dtype=torch.uint8).cuda()}] * 2
+    sum(model(images, targets).values()).backward()
+    # 1,000 proposals + 1 gt box per image; the sampler keeps 128 positives (box_positive_fraction 0.25 of
+    # box_batch_size_per_image 512) + 384 negatives = 512 per image: 1,024 RoIs, not all 2,002 (Note [Nonzero bounds]).
+    # The mask head's `where(labels > 0)` reads computed labels: the worst case, all 1,024 sampled RoIs
+    assert rois == [1024, 1024]
+
+
 def test_ctc_loss_forward_and_backward(emu: gt.Emulation) -> None:
     logits = torch.randn(50, 4, 30, device="cuda", requires_grad=True)  # T=50, B=4, C=30 (speech-recognition style)
     targets = torch.randint(1, 30, (4, 12), device="cuda")

@@ -270,3 +270,44 @@ def test_regnets_are_identified() -> None:
 
     assert identify_model(torchvision.models.regnet_y_400mf()) == "regnet_y_400mf"
     assert identify_model(torchvision.models.regnet_x_400mf()) == "regnet_x_400mf"
+
+
+def test_gradient_accumulation_micro_steps_share_the_stepping_phases_scale(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # Note [Accumulation steps]: micro-steps alternate "loss + backward" and "loss + backward + optimizer step + an
+    # EMA-style update of every parameter". Each phase took the scale of the one before it (the other kind), so the
+    # micro-steps alternated far above and below the prediction.
+    monkeypatch.setenv("GPEMU_PROFILE_DIR", str(tmp_path))  # no measured rows anywhere: the spec-model path
+    batch = 2
+    backward = predict_phase("h100", "resnet18", "backward", batch).value
+    gt.install("h100", replay=False)
+    try:
+        stats = gt.current_emulation().devices[0].stats
+        model = torchvision.models.resnet18().cuda()
+        ema = [p.detach().clone() for p in model.parameters()]
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        x = torch.randn(batch, 3, 224, 224, device="cuda")
+        rest: list[float] = []  # GPU seconds of each micro-step after its forward
+        for micro in range(8):
+            out = model(x)
+            torch.cuda.synchronize()
+            t0 = stats.work_s["kernel"]
+            out.float().mean().backward()
+            if micro % 2 == 1:  # every second micro-step updates, then the EMA copies follow
+                opt.step()
+                opt.zero_grad()
+                with torch.no_grad():
+                    for e, p in zip(ema, model.parameters(), strict=True):
+                        e.mul_(0.999).add_(p, alpha=0.001)
+            torch.cuda.synchronize()
+            rest.append(stats.work_s["kernel"] - t0)
+    finally:
+        gt.uninstall()
+    # once the loop is seen to accumulate (after micro-step 0), every micro-step's loss + backward sums to the
+    # backward prediction, and a stepping one adds its optimizer step and EMA update at their per-op prices: the
+    # same numbers every cycle. Before, micro-steps alternated far above and below (3.2x the prediction)
+    assert rest[2] == pytest.approx(backward, rel=1e-6) and rest[4] == pytest.approx(backward, rel=1e-6)
+    assert rest[3] == pytest.approx(rest[5], rel=1e-6) and rest[5] == pytest.approx(rest[7], rel=1e-6)
+    # (a stepping micro-step's backward also adds into the gradients the one before it left: 62 more kernels, scaled
+    # with the rest of its backward; its SGD step and EMA copies are ~1 ms per op)
+    assert backward < rest[3] < 2 * backward

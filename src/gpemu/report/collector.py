@@ -26,6 +26,17 @@ from gpemu.device.gpu import EmulatedGPU
 # (`launched_s`: the engine seconds of every item launched inside the window, wherever it ran). At the end of an epoch
 # the host may stop launching while the GPU still runs the last iteration: that iteration closes when the GPU finishes
 # the work launched so far (or at the next epoch's first fetch, if that comes sooner), so an epoch's tail is not lost.
+# Note [Prefetching loaders]: a loader wrapper that fetches one batch ahead (timm's PrefetchLoader, NVIDIA apex's
+# data_prefetcher, `cuda_prefetcher.py`) fetches batch k+1 before it yields batch k, so it yields its last batch after
+# the DataLoader raised StopIteration. That step then ran outside any iteration: timm's train.py lost one training
+# step per epoch, and its validation (one batch per loader) reported evaluation iterations of 0.1 ms of GPU work (the
+# prefetch's normalisation) where the ResNet-50 forward takes ~16 ms. So an exhausted fetch opens a tail window at
+# the host's moment of exhaustion, lasting until the next fetch or the end of the run. It becomes an iteration only if
+# GPU compute was launched or a backward pass ran in it (the iteration before it then ends where the tail starts);
+# else it is forgotten and the report reads as before (a plain loop launches no kernel between its last step and
+# the next loader's first fetch: a checkpoint's device-to-host copies and the near-free bookkeeping ops around it, under
+# TAIL_MIN_COMPUTE_S of kernels in all, do not count).
+TAIL_MIN_COMPUTE_S = 1e-6
 
 
 class EngineLog:
@@ -88,8 +99,11 @@ class IterationWindow:
     emulator_end: tuple[float, int] = (0.0, 0)
     recorded_start: int = 0  # calls the replay path recorded per op so far (Note [Recording steps later on])
     recorded_end: int = 0
+    calls_start: int = -1  # module calls so far, -1 without a meter (Note [Windows without a model call])
+    calls_end: int = -1
     partial: bool = False
     trained: bool = False  # a backward pass or an optimizer step ran in it (else: evaluation / inference)
+    tail: bool = False  # opened by an exhausted fetch, kept only if it ran work (Note [Prefetching loaders])
     launched_s: dict[tuple[int, str], float] = field(default_factory=dict)  # (device, engine) -> seconds launched
 
 
@@ -103,11 +117,13 @@ class RunCollector:
         trace: Any = None,
         emulator_meter: Callable[[], tuple[float, int]] | None = None,
         recordings_meter: Callable[[], int] | None = None,
+        calls_meter: Callable[[], int] | None = None,
     ) -> None:
         self._devices_provider = devices if callable(devices) else (lambda: list(devices or []))
         # (host seconds, ops) the emulator itself spent so far; see Note [Emulator host time] in torch_backend/tensor.py
         self.emulator_meter = emulator_meter
         self.recordings_meter = recordings_meter  # calls recorded per op by the replay path so far
+        self.calls_meter = calls_meter  # module calls so far (drop-in mode)
         self.now = clock
         self.trace = trace
         self.devices: list[EmulatedGPU] = []
@@ -169,6 +185,8 @@ class RunCollector:
                 win.emulator_start = self.emulator_meter()
             if self.recordings_meter is not None:
                 win.recorded_start = self.recordings_meter()
+            if self.calls_meter is not None:
+                win.calls_start = self.calls_meter()
             self.iterations.append(win)
             self._open = win
             if self.trace is not None:
@@ -180,8 +198,20 @@ class RunCollector:
             # The last iteration ends when the GPU finishes what it launched (see Note [Iterations]); a next epoch
             # that starts fetching before then cuts it at its first fetch.
             gpu_done = max((d.t_done for d in self.devices), default=0.0)
+            closing = self._open
             self._close(max(start_s, gpu_done))
             self._epoch_open = False
+            if closing is not None and not closing.tail:  # See Note [Prefetching loaders]
+                tail = IterationWindow(len(self.iterations), self._epoch, start_s, tail=True)
+                tail.sync_wait_start_s = self._sync_wait_total()
+                tail.h2d_bytes_start = self._h2d_bytes_total()
+                if self.emulator_meter is not None:
+                    tail.emulator_start = self.emulator_meter()
+                if self.recordings_meter is not None:
+                    tail.recorded_start = self.recordings_meter()
+                if self.calls_meter is not None:
+                    tail.calls_start = self.calls_meter()
+                self._open = tail
 
     def note_training(self) -> None:
         """Record that a backward pass or an optimizer step ran in the open iteration (it is a training step)."""
@@ -204,6 +234,15 @@ class RunCollector:
         win = self._open
         if win is None:
             return
+        if win.tail:  # See Note [Prefetching loaders]
+            if not win.trained and _compute_launched_s(win) < TAIL_MIN_COMPUTE_S:
+                self._open = None  # idle: no iteration, and the one before it keeps its end
+                return
+            prev = self.iterations[-1] if self.iterations else None
+            if prev is not None and prev.end_s is not None and prev.end_s > win.start_s:
+                prev.end_s = win.start_s  # the tail's work follows it: the two windows must not overlap
+            win.index = len(self.iterations)
+            self.iterations.append(win)
         win.end_s = max(win.start_s, end_s)
         win.partial = partial
         win.sync_wait_end_s = self._sync_wait_total()
@@ -212,6 +251,8 @@ class RunCollector:
             win.emulator_end = self.emulator_meter()
         if self.recordings_meter is not None:
             win.recorded_end = self.recordings_meter()
+        if self.calls_meter is not None:
+            win.calls_end = self.calls_meter()
         self._open = None
         if self.trace is not None:
             self.trace.host_span(f"iteration {win.index}", win.start_s, win.end_s, category="iteration")
@@ -223,6 +264,9 @@ class RunCollector:
             if win is None:
                 return
             gpu_done = max((d.t_done for d in self.devices), default=0.0)
+            if win.tail:  # the last batch a prefetching loader yields after its loader ran out
+                self._close(max(self._last_activity_s, min(gpu_done, self.now()), win.start_s), partial=True)
+                return
             prev = self.iterations[-2] if len(self.iterations) >= 2 else None
             if (prev is not None and prev.end_s == win.start_s and _compute_launched_s(win) == 0.0
                     and _compute_launched_s(prev) > 0.0):

@@ -57,6 +57,19 @@ def _torch_backend_recordings() -> Callable[[], int] | None:
     return lambda: int(replayer.recorded)
 
 
+def _torch_backend_module_calls() -> Callable[[], int] | None:
+    """Return a meter of module calls outside a top module's forward, when an emulation is installed, else None."""
+    try:
+        from gpemu.torch_backend import current_emulation  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    emu = current_emulation()
+    if emu is None or emu.phases is None:
+        return None
+    phases = emu.phases
+    return lambda: int(phases.module_calls)
+
+
 # Note [Iteration boundaries]
 # An iteration ends at each DataLoader fetch (the loader's wait is then measured). Loops without a DataLoader
 # (nanoGPT-style, in-memory batches) end one at each optimizer.step(). Loops with neither (pytorch/examples
@@ -95,7 +108,8 @@ class RunReport:
     ) -> None:
         self.collector = RunCollector(devices if devices is not None else _torch_backend_devices, clock, trace,
                                       emulator_meter if emulator_meter is not None else _torch_backend_meter(),
-                                      _torch_backend_recordings() if emulator_meter is None else None)
+                                      _torch_backend_recordings() if emulator_meter is None else None,
+                                      _torch_backend_module_calls() if emulator_meter is None else None)
         self.json_path = Path(json_path) if json_path else None
         self.warmup = warmup
         self.print_summary = print_summary

@@ -78,6 +78,8 @@ def iteration_rows(collector: RunCollector) -> list[dict[str, Any]]:
             "partial": win.partial,
             "train": win.trained,
         }
+        if win.calls_start >= 0:
+            row["module_calls"] = win.calls_end - win.calls_start
         if len(devices) > 1:
             row["gpu_busy_s_per_device"] = busy_per_dev
         rows.append(row)
@@ -122,10 +124,19 @@ def _emulator_warmup(rows: list[dict[str, Any]], warmup: int) -> int:
 # nothing runs on the device and no backward pass happens; it was counted as an "evaluation iteration (no backward
 # pass)". A row with no backward, no GPU work (launched or running) and no emulated op is neither training nor
 # evaluation: such rows are left out of the means and medians (while other rows remain) and the note counts them.
+# Note [Windows without a model call]: with a prefetching loader (Note [Prefetching loaders] in collector.py) each
+# epoch's first window holds only the prefetch's host-to-device copy and its normalisation kernels (~0.1 ms): no
+# backward, so it counted as an evaluation iteration, and timm's train.py reported "evaluation iterations: 5, mean
+# ... 0.1 ms GPU compute" for two epochs. In drop-in mode the report also counts module calls made outside a top
+# module's forward (`module_calls`): a row with no backward pass and no module call ran no model, and is left out
+# like a row with no GPU work.
 def _empty(row: dict[str, Any]) -> bool:
-    """Return True for a row with no backward pass, no GPU work launched or running and no emulated op."""
-    return (not row.get("train", True) and row.get("gpu_work_s") == 0.0 and row.get("gpu_busy_s") == 0.0
-            and row.get("emulator_ops") == 0)
+    """Return True for a row with no backward pass and either no module call or no GPU work and no emulated op."""
+    if row.get("train", True):
+        return False
+    if row.get("module_calls") == 0:  # See Note [Windows without a model call]
+        return True
+    return row.get("gpu_work_s") == 0.0 and row.get("gpu_busy_s") == 0.0 and row.get("emulator_ops") == 0
 
 
 def summarize(rows: list[dict[str, Any]], warmup: int = 1) -> dict[str, Any]:
@@ -145,7 +156,7 @@ def summarize(rows: list[dict[str, Any]], warmup: int = 1) -> dict[str, Any]:
     empty = [r for r in steady if _empty(r)]  # See Note [Iterations with no GPU work]
     if empty and len(empty) < len(steady):
         steady = [r for r in steady if not _empty(r)]
-        note += f"; {len(empty)} iteration(s) with no GPU work left out"
+        note += f"; {len(empty)} iteration(s) with no GPU work or no model call left out"
     evaluation = [r for r in steady if not r.get("train", True)]
     split = bool(evaluation) and len(evaluation) < len(steady)  # training and evaluation loops: summarise training
     if split:

@@ -355,6 +355,10 @@ def _to_copy(func: Any, args: Any, kwargs: Any) -> Any:
             if value is not None:
                 set_known_value(out, value.to(out.dtype), sources=_sources.get(id(x)),
                                 expr=HostExpr(torch.Tensor.to, (_operand(x), out.dtype)))
+        if _nz_bounds and isinstance(out, EmuTensor) and id(x) in _nz_bounds:  # mask.bool(): Note [Nonzero bounds]
+            bound = nonzero_bound(x)
+            if bound is not None:
+                set_nonzero_bound(out, bound)
         return out
     # a CPU source with an emulated device argument cannot reach here (the CPU kernel handles it)
     return run_op(func, args, kwargs)
@@ -453,9 +457,93 @@ def _record_stream(func: Any, args: Any, kwargs: Any) -> Any:
 # they wait for the stream. `unique` and friends have no sensible fraction and raise UnsupportedOpError.
 
 
-def _selected(numel: int) -> int:
+def _selected(numel: int, mask: Any = None) -> int:
     emu = state.require()
-    return min(numel, math.ceil(numel * emu.nonzero_fraction))
+    k = min(numel, math.ceil(numel * emu.nonzero_fraction))
+    bound = nonzero_bound(mask) if mask is not None else None
+    return k if bound is None else min(k, bound)
+
+
+# Note [Nonzero bounds]: a mask built by scattering k indices into zeros has at most k nonzero elements, whatever
+# the indices' values. Detection models sample this way: torchvision's BalancedPositiveNegativeSampler writes 128
+# positive and 384 negative indices into `zeros_like` masks of the 2,000 proposals (RPN: of the ~200k anchors) and
+# selects `torch.where(pos | neg)[0]`; Mask R-CNN's mask head then runs on the positives. With the worst-case
+# `nonzero_fraction` every proposal was selected: 2,002 sampled RoIs per image where a GPU runs 512, and the box and
+# mask heads priced on 4,004 RoIs (Mask R-CNN on an A100 charged ~220 ms per batch-2 step). So gpemu keeps an upper
+# bound on the nonzero count of such masks: 0 after `zeros`/`zeros_like`/`new_zeros`/`zero_` (and the count of a
+# known value), plus k elements (k rows) after `index_put` with one long index of length k, the sum over `|` and
+# `cat`, the smaller one over `&`, kept through `clone`/`to`; nonzero, masked_select and boolean indexing select at
+# most the bound. Like known values the bound is tied to the tensor's version: another in-place op forgets it.
+
+# id(emulated tensor) -> (weakref to it, at most this many nonzero elements, its version at recording)
+_nz_bounds: dict[int, tuple[weakref.ref[EmuTensor], int, int]] = {}
+
+
+def set_nonzero_bound(t: EmuTensor, bound: int, bumps: int = 0) -> None:
+    """Record that `t` has at most `bound` nonzero elements until it is modified in place (Note [Nonzero bounds])."""
+    key = id(t)
+    version = _version_of(t)
+    _nz_bounds[key] = (weakref.ref(t, lambda _ref, key=key: _nz_bounds.pop(key, None)),  # type: ignore[misc]
+                       min(bound, t.numel()), version + bumps if version >= 0 else version)
+
+
+def nonzero_bound(t: Any) -> int | None:
+    """Return an upper bound on the nonzero elements of emulated tensor `t`, or None (Note [Nonzero bounds])."""
+    if not isinstance(t, EmuTensor):
+        return None
+    if _known and id(t) in _known:
+        rec = _known_record(t)
+        if rec is not None and not rec[1]:
+            return int(torch.count_nonzero(rec[0]))
+    entry = _nz_bounds.get(id(t))
+    if entry is None or entry[0]() is not t:
+        return None
+    if entry[2] != _version_of(t):
+        _nz_bounds.pop(id(t), None)
+        return None
+    return entry[1]
+
+
+def _bound_sum(ts: Any) -> int | None:
+    """Return the sum of the bounds of `ts`, or None when one of them has none."""
+    total = 0
+    for t in ts:
+        b = nonzero_bound(t)
+        if b is None:
+            return None
+        total += b
+    return total
+
+
+def _zeros(func: Any, args: Any, kwargs: Any) -> Any:
+    out = run_op(func, args, kwargs)
+    if isinstance(out, EmuTensor):
+        set_nonzero_bound(out, 0)
+        if _known_values_enabled(args):
+            propagate_known(func, args, kwargs, out)
+    return out
+
+
+def _known_values_enabled(args: Any) -> bool:
+    a0 = args[0] if args else None
+    return bool(_known) and (type(a0) is not EmuTensor or id(a0) in _known)
+
+
+def _keep_bound(func: Any, args: Any, kwargs: Any) -> Any:
+    out = run_op(func, args, kwargs)
+    if _known_values_enabled(args):
+        propagate_known(func, args, kwargs, out)
+    if _nz_bounds and isinstance(out, EmuTensor) and out is not args[0]:
+        bound = _bound_sum(args[0]) if func is aten.cat.default else nonzero_bound(args[0])
+        if bound is not None:
+            set_nonzero_bound(out, bound)
+    return out
+
+
+SPECIAL[aten.zeros_like.default] = _zeros
+SPECIAL[aten.new_zeros.default] = _zeros
+for _op in (aten.cat.default, aten.clone.default):
+    SPECIAL[_op] = _keep_bound
 
 
 def _sync(index: int, reason: str) -> None:
@@ -467,7 +555,7 @@ def _sync(index: int, reason: str) -> None:
 @_special(aten.nonzero.default)
 def _nonzero(func: Any, args: Any, kwargs: Any) -> Any:
     x = args[0]
-    meta = torch.empty((_selected(x.numel()), x.dim()), dtype=torch.long, device=META)
+    meta = torch.empty((_selected(x.numel(), x), x.dim()), dtype=torch.long, device=META)
     charge(x._index, func, op_cost_s(aten.abs.default, (to_meta(x),), {}, meta, x._index))
     _sync(x._index, "nonzero (data-dependent size)")
     return wrap(meta, x._index, tag="nonzero")
@@ -478,7 +566,7 @@ def _masked_select(func: Any, args: Any, kwargs: Any) -> Any:
     x, mask = args[0], args[1]
     n = torch.broadcast_shapes(x.shape, mask.shape).numel()
     index = x._index if isinstance(x, EmuTensor) else mask._index
-    meta = torch.empty((_selected(n),), dtype=x.dtype, device=META)
+    meta = torch.empty((_selected(n, mask if mask.numel() == n else None),), dtype=x.dtype, device=META)
     charge(index, func, op_cost_s(aten.abs.default, (to_meta(x),), {}, meta, index))
     _sync(index, "masked_select (data-dependent size)")
     return wrap(meta, index, tag="masked_select")
@@ -487,12 +575,14 @@ def _masked_select(func: Any, args: Any, kwargs: Any) -> Any:
 def _bool_index(func: Any, args: Any, kwargs: Any) -> Any:
     x, indices = args[0], list(args[1])
     if not any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices):
-        return run_op(func, args, kwargs)
+        if func is aten.index.Tensor:
+            return run_op(func, args, kwargs)
+        return _index_put_bound(func, args, kwargs)
     # replace each boolean mask by long indices of the assumed count (as torch does via nonzero)
     new: list[Any] = []
     for i in indices:
         if isinstance(i, torch.Tensor) and i.dtype == torch.bool:
-            k = _selected(i.numel())
+            k = _selected(i.numel(), i)
             new.extend(torch.empty((k,), dtype=torch.long, device=META) for _ in range(i.dim()))
         else:
             new.append(i)
@@ -501,6 +591,24 @@ def _bool_index(func: Any, args: Any, kwargs: Any) -> Any:
     if func is aten.index.Tensor:
         return run_op(func, (x, new), kwargs)
     return run_op(func, (x, new, *args[2:]), kwargs)
+
+
+def _index_put_bound(func: Any, args: Any, kwargs: Any) -> Any:
+    """index_put with integer indices; a mask with a nonzero bound gains at most the rows written
+    (Note [Nonzero bounds])."""
+    x, indices = args[0], args[1]
+    accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
+    bound = nonzero_bound(x) if _nz_bounds or _known else None
+    out = run_op(func, args, kwargs)
+    if bound is None or accumulate or len(indices) != 1 or not isinstance(indices[0], torch.Tensor) or x.dim() == 0:
+        return out
+    values = args[2]
+    written = nonzero_bound(values)
+    if written is None:
+        written = indices[0].numel() * (x.numel() // x.shape[0])
+    if isinstance(out, EmuTensor):  # in place: torch bumps the version after this (and x's known value goes stale)
+        set_nonzero_bound(out, bound + written, bumps=1 if out is x else 0)
+    return out
 
 
 SPECIAL[aten.index.Tensor] = _bool_index
@@ -544,9 +652,18 @@ def _absorbed(value: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype, f
 
 def _or_and(func: Any, args: Any, kwargs: Any) -> Any:
     out = run_op(func, args, kwargs)
+    is_or = func.overloadpacket in (aten.bitwise_or, aten.logical_or)
     if isinstance(out, EmuTensor) and out.numel() * out.element_size() <= KNOWN_VALUE_MAX_BYTES and not (
             propagate_known(func, args, kwargs, out)):
-        _absorb(func, args, out, func.overloadpacket in (aten.bitwise_or, aten.logical_or))
+        _absorb(func, args, out, is_or)
+    if isinstance(out, EmuTensor) and id(out) not in _known and (_nz_bounds or _known):  # Note [Nonzero bounds]
+        if is_or:
+            bound = _bound_sum(args[:2])
+        else:
+            bounds = [b for b in (nonzero_bound(a) for a in args[:2]) if b is not None]
+            bound = min(bounds) if bounds else None
+        if bound is not None and all(isinstance(a, EmuTensor) and a.shape == out.shape for a in args[:2]):
+            set_nonzero_bound(out, bound)
     return out
 
 
@@ -617,6 +734,8 @@ def _counter_inplace(func: Any, args: Any, kwargs: Any) -> Any:
     out = _tensor_mod.run_op(func, args, kwargs)
     t = args[0]
     if func is _ZERO or func is _FILL:
+        if func is _ZERO or (isinstance(args[1], (int, float, bool)) and args[1] == 0):
+            set_nonzero_bound(t, 0, bumps=1)  # See Note [Nonzero bounds]
         if t.numel() <= 16:  # a reset: the value is known again
             value = args[1] if func is _FILL else 0
             set_known_value(t, torch.full(tuple(t.shape), value, dtype=t.dtype, device="cpu"), bumps=1)

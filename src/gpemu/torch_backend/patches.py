@@ -30,6 +30,7 @@ from gpemu.torch_backend.ops import (
     host_to_device,
     peer_copy,
     set_known_value,
+    set_nonzero_bound,
 )
 from gpemu.torch_backend.pinned import is_pinned, mark_pinned, pin
 from gpemu.torch_backend.tensor import META, EmuTensor, charge, wrap
@@ -293,6 +294,8 @@ def _patched_factory(name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
             elif name in _KNOWN_FACTORIES and meta.numel() * meta.element_size() <= KNOWN_VALUE_MAX_BYTES:
                 # constants (GradScaler's scale, positions, masks): See Note [Known values through small ops]
                 set_known_value(out, orig(*args, **{**kwargs, "device": "cpu"}), sources=frozenset())
+            elif name in ("zeros", "zeros_like"):  # a large mask to scatter into: See Note [Nonzero bounds] in ops.py
+                set_nonzero_bound(out, 0)
             if kind == "fill":
                 nbytes = meta.numel() * meta.element_size()
                 charge(index, f"{name} (fill)", nbytes / state.require().devices[index].spec.memory_bw_bytes_per_s)

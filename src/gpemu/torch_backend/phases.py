@@ -19,6 +19,18 @@ per-phase fixed costs) and is the one validated in bench/predict_validation.py. 
 with the path. GPEMU_PHASE_PREDICT=0 turns it off (pure per-op predictions); it applies with the default profile
 lookup only.
 
+Note [Accumulation steps]: the backward phase's scale is its target over the same phase's per-op sum in an earlier
+step, and with gradient accumulation consecutive phases differ: micro-steps run loss + backward only, the last one
+also the optimizer step (and timm's gradient clipping and ModelEmaV2 update: ~1,300 small kernels for ResNet-50).
+Scaled by the previous phase's sum, the stepping phase took a backward-only phase's scale (2.37 for ResNet-50 at
+batch 32, amp, on an A100: its EMA update was charged at 2.4x its per-op price) and the next micro-step the reverse,
+so timm's train.py with `--grad-accum-steps 2` alternated 22.6 / 67.4 ms of GPU per micro-step where each runs
+14.4 + 21.1 ms of predicted forward and backward. Once a backward phase has run a backward pass without an optimizer
+step (the loop accumulates), backward phases take their scale from such a phase's sum, and in a phase that steps the
+optimizer the step and what follows it (clipping after unscale_ excepted: it comes before) are priced per op: every
+micro-step's loss + backward sums to the target (which also covers one optimizer step), and the update is added once
+per accumulation cycle. Loops that step after every backward are scaled as before.
+
 Note [Frozen parameters]: profiles and phase predictions are full training steps: every parameter gets a gradient
 and an update. Fine-tuning with a frozen backbone (`requires_grad = False` on all but the head: pytorch/tutorials
 transfer_learning's "fixed feature extractor") runs the same forward but a backward of the head alone, and its
@@ -242,9 +254,16 @@ class PhaseTracker:
         self.fp32_modes = (False, True)  # torch's TF32 flags at the last top-module call: Note [FP32 math modes]
         self.sums: dict[str, float] = {"forward": 0.0, "backward": 0.0}
         self.prev: dict[tuple[str, int, str, str, str], float] = {}
+        # Note [Accumulation steps]: per-op sums of backward phases that ran a backward pass and no optimizer step;
+        # whether the open backward phase ran a backward pass, stepped, and is scaled from such a sum
+        self.prev_plain: dict[tuple[str, int, str, str, str], float] = {}
+        self.backward_ran = False
+        self.stepped = False
+        self.accumulating = False
         self.scale: float | None = None
         self.args: dict[str, object] = _PREDICTED_ARGS
         self.steps = 0
+        self.module_calls = 0  # module calls outside a top module's forward (Note [Windows without a model call])
         self.workloads: dict[int, str | None] = {}
         self._targets: dict[tuple[str, int, str, str, str], float | None] = {}
         self._handles: list[Any] = []
@@ -258,8 +277,19 @@ class PhaseTracker:
     def install(self) -> None:
         """Register the global module hooks."""
         from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-        self._handles = [register_module_forward_pre_hook(self._pre), register_module_forward_hook(self._post)]
+        self._handles = [register_module_forward_pre_hook(self._pre), register_module_forward_hook(self._post),
+                         register_optimizer_step_pre_hook(self._before_step)]
+
+    def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.phase != "backward":
+            return
+        self.stepped = True
+        if self.accumulating:  # See Note [Accumulation steps]: the step and what follows it are priced per op
+            self.phase = "step"
+            self.scale = None
+            self.args = _PREDICTED_ARGS
 
     def warm(self) -> None:
         """Load the profile database now, so the first forward does not pay for it inside the timed step."""
@@ -278,6 +308,8 @@ class PhaseTracker:
         phase = self.phase
         if phase == "forward" or phase == "backward":
             self.sums[phase] += predicted_s
+            if phase == "backward" and not self.backward_ran and torch._C._current_graph_task_id() != -1:
+                self.backward_ran = True  # See Note [Accumulation steps]
             if self.scale is not None:
                 return predicted_s * self.scale, self.args
         elif phase == "eval" and self.scale is not None:  # Note [Evaluation passes]
@@ -290,6 +322,7 @@ class PhaseTracker:
         pending, self.pending_kwargs = self.pending_kwargs, None
         if self.top is not None or _replica_thread() or torch._C._current_autograd_node() is not None:
             return  # inside backward: activation checkpointing's recomputation (Note [Modules called in backward])
+        self.module_calls += 1
         from gpemu.torch_backend.tensor import EmuTensor, check_fp32_modes
 
         # cached op costs follow the TF32 flags, and so does the step's phase key (Note [FP32 math modes] in
@@ -375,11 +408,14 @@ class PhaseTracker:
         self.sums[phase] = 0.0
         self.scale = None
         self.args = _PREDICTED_ARGS
+        self.backward_ran = self.stepped = self.accumulating = False
         if self.key is None or (phase == "backward" and self.frozen):  # See Note [Frozen parameters]
             return
         full = (*self.key, phase)
         target = self._target(full)
         prev = self.prev.get(full)
+        if phase == "backward" and full in self.prev_plain:  # See Note [Accumulation steps]
+            prev, self.accumulating = self.prev_plain[full], True
         if target is not None and prev:
             self.scale = target / prev
             basis = self.basis.get(full, "measured")
@@ -389,6 +425,8 @@ class PhaseTracker:
     def _close_phase(self) -> None:
         if self.key is not None and self.phase in ("forward", "backward") and self.sums[self.phase] > 0:
             self.prev[(*self.key, self.phase)] = self.sums[self.phase]
+            if self.phase == "backward" and self.backward_ran and not self.stepped:  # Note [Accumulation steps]
+                self.prev_plain[(*self.key, self.phase)] = self.sums[self.phase]
 
     def _has_params(self, module: torch.nn.Module) -> bool:
         key = id(module)
