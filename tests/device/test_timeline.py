@@ -89,3 +89,51 @@ def test_more_launches_than_the_queue_holds_block_until_the_tail_fits() -> None:
     # The host queues 4 launches, then one more each time one finishes: it returns after 8 - 4 = 4 of the 8 kernels
     # (1 ms each) have finished, at 5 us + 4 ms.
     assert gpu.clock.now() == pytest.approx(work.start_s + 0.004)
+
+
+def _waits_counter() -> object:
+    class Waits:
+        def __init__(self) -> None:
+            self.count = 0
+
+        def on_work(self, work: object) -> None:
+            pass
+
+        def on_host_wait(self, start_s: float, end_s: float, reason: str) -> None:
+            self.count += end_s > start_s
+
+    return Waits()
+
+
+def _launch(items: list, depth: int, batched: bool) -> tuple[list[tuple[float, float]], float, int]:
+    gpu = EmulatedGPU("v100", clock=ManualClock(), launch_queue_depth=depth)
+    waits = _waits_counter()
+    gpu.add_listener(waits)
+    s = gpu.default_stream
+    works = s.enqueue_many(items) if batched else [s.enqueue(d, n, category=c, args=a, launches=k)
+                                                    for d, n, c, a, k in items]
+    return [(w.start_s, w.end_s) for w in works], gpu.clock.now(), waits.count  # type: ignore[attr-defined]
+
+
+def test_batched_launches_match_one_by_one_launches_with_one_wait() -> None:
+    """Note [Batched launches]: the same schedule and host return time as enqueue() item by item, one wait at most."""
+    # chunks of 3, 2, 2, 2 kernels of 1 ms each from 5 us on, a queue of 6
+    items = [(0.003, "a", "kernel", {}, 3), (0.002, "b", "kernel", {}, 2), (0.002, "c", "kernel", {}, 2),
+             (0.002, "d", "kernel", {}, 2)]
+    seq, seq_now, seq_waits = _launch(items, 6, batched=False)
+    bat, bat_now, bat_waits = _launch(items, 6, batched=True)
+    assert [x for w in bat for x in w] == pytest.approx([x for w in seq for x in w])
+    # the host goes once 9 - 6 = 3 kernels have finished: 5 us + 3 ms; one by one, chunks c and d each waited
+    assert bat_now == pytest.approx(seq_now) == pytest.approx(5e-6 + 0.003)
+    assert (seq_waits, bat_waits) == (2, 1)
+
+
+def test_batched_launches_leave_no_gap_where_a_whole_chunk_waited() -> None:
+    """Note [Batched launches]: a chunk as large as the queue waited, one by one, until the queue drained, so the GPU
+    idled a launch latency before it; batched, the GPU runs the chunks back to back, as per-kernel launches would."""
+    items = [(0.003, "a", "kernel", {}, 3), (0.002, "b", "kernel", {}, 2), (0.004, "c", "kernel", {}, 4)]
+    seq, seq_now, _ = _launch(items, 4, batched=False)
+    bat, bat_now, _ = _launch(items, 4, batched=True)
+    assert seq[2][0] == pytest.approx(5e-6 + 0.005 + 5e-6)  # c after b's end (5.005 ms) plus the 5 us latency
+    assert bat[2][0] == pytest.approx(bat[1][1]) == pytest.approx(5e-6 + 0.005)
+    assert bat_now == pytest.approx(seq_now) == pytest.approx(5e-6 + 0.005)  # 9 - 4 = 5 kernels finished

@@ -258,12 +258,11 @@ class _ReadProgram:
 
 
 def _charge_chunks(emu: Any, index: int, chunks: list[Chunk]) -> None:
-    stream = emu.current_stream(index)
+    items = []
     for c in chunks:
         duration_s, args = emu.phases.charge(c.predicted_s)
-        stream.enqueue(
-            duration_s, c.name, "compute", c.category, {**args, "replay": True, "ops": c.ops}, launches=c.ops
-        )
+        items.append((duration_s, c.name, c.category, {**args, "replay": True, "ops": c.ops}, c.ops))
+    emu.current_stream(index).enqueue_many(items)  # one host wait at most: Note [Batched launches] in timeline.py
 
 
 # Note [Forwards without backward]: an evaluation loop that keeps grad enabled (no `torch.no_grad()`, as
