@@ -88,24 +88,31 @@ class Stream:
             self._wait_for_queue_slots(slots)
         with device.lock:
             now = device.clock.now()
-            eng = device.engines[engine]
-            launch_latency_s = device.spec.launch_overhead_us * 1e-6 if engine == "compute" else 0.0
-            start = max(now + launch_latency_s, self.t_done, eng.t_free)
-            span_s = max(0.0, duration_s)
-            end = start + span_s
-            self.t_done = end
-            eng.t_free = end
-            eng.busy_s += end - start
-            if launches == 1:
-                self._pending.append(end)
-            else:
-                self._pending.extend([start + span_s * (i + 1) / launches for i in range(launches)])  # list: faster
-            work = Work(name, engine, self.stream_id, device.index, now, start, end, category, args or {})
-            device._record(work)
+            latency_s = device.spec.launch_overhead_us * 1e-6 if engine == "compute" else 0.0
+            work = self._place(now + latency_s, device.engines[engine], duration_s, name, engine, category,
+                               args or {}, launches, now)
         if launches > depth:
             # The host issued the first `depth` launches, then blocked on each later one until a slot freed: it got
             # back control when the last launch was queued, i.e. once `launches - depth` of them had finished.
-            device.host_wait(start + span_s * (launches - depth) / launches, reason="launch queue full")
+            device.host_wait(work.start_s + (work.end_s - work.start_s) * (launches - depth) / launches,
+                             reason="launch queue full")
+        return work
+
+    def _place(self, earliest_s: float, eng: Engine, duration_s: float, name: str, engine: EngineName, category: str,
+               args: dict[str, object], launches: int, host_s: float) -> Work:
+        """Schedule one item after `earliest_s`, the stream and the engine; record it (caller holds the lock)."""
+        start = max(earliest_s, self.t_done, eng.t_free)
+        span_s = max(0.0, duration_s)
+        end = start + span_s
+        self.t_done = end
+        eng.t_free = end
+        eng.busy_s += end - start
+        if launches == 1:
+            self._pending.append(end)
+        else:
+            self._pending.extend([start + span_s * (i + 1) / launches for i in range(launches)])  # list: faster
+        work = Work(name, engine, self.stream_id, self.device.index, host_s, start, end, category, args)
+        self.device._record(work)
         return work
 
     # Note [Batched launches]: a replayed call charges its kernels as a few chunks, one work item each (replay.py
@@ -124,26 +131,12 @@ class Stream:
         """Launch (duration_s, name, category, args, launches) items back to back, then block the host once until the
         launch queue has room (Note [Batched launches]); return their Works."""
         device = self.device
-        works = []
         with device.lock:
             now = device.clock.now()
             eng = device.engines[engine]
-            launch_latency_s = device.spec.launch_overhead_us * 1e-6 if engine == "compute" else 0.0
-            for duration_s, name, category, args, launches in items:
-                launches = max(1, launches)
-                start = max(now + launch_latency_s, self.t_done, eng.t_free)
-                span_s = max(0.0, duration_s)
-                end = start + span_s
-                self.t_done = end
-                eng.t_free = end
-                eng.busy_s += end - start
-                if launches == 1:
-                    self._pending.append(end)
-                else:
-                    self._pending.extend([start + span_s * (i + 1) / launches for i in range(launches)])
-                work = Work(name, engine, self.stream_id, device.index, now, start, end, category, args)
-                device._record(work)
-                works.append(work)
+            earliest_s = now + (device.spec.launch_overhead_us * 1e-6 if engine == "compute" else 0.0)
+            works = [self._place(earliest_s, eng, duration_s, name, engine, category, args, max(1, launches), now)
+                     for duration_s, name, category, args, launches in items]
         if len(self._pending) > device.launch_queue_depth:
             self._wait_for_queue_slots(0)
         return works
