@@ -177,16 +177,8 @@ class RunCollector:
             last = self.iterations[-1] if self.iterations else None
             if last is not None and last.end_s is not None and last.end_s > start_s:
                 last.end_s = start_s
-            win = IterationWindow(len(self.iterations), self._epoch, start_s)
+            win = self._new_window(start_s)
             win.fetches.append((start_s, end_s))
-            win.sync_wait_start_s = self._sync_wait_total()
-            win.h2d_bytes_start = self._h2d_bytes_total()
-            if self.emulator_meter is not None:
-                win.emulator_start = self.emulator_meter()
-            if self.recordings_meter is not None:
-                win.recorded_start = self.recordings_meter()
-            if self.calls_meter is not None:
-                win.calls_start = self.calls_meter()
             self.iterations.append(win)
             self._open = win
             if self.trace is not None:
@@ -202,16 +194,20 @@ class RunCollector:
             self._close(max(start_s, gpu_done))
             self._epoch_open = False
             if closing is not None and not closing.tail:  # See Note [Prefetching loaders]
-                tail = IterationWindow(len(self.iterations), self._epoch, start_s, tail=True)
-                tail.sync_wait_start_s = self._sync_wait_total()
-                tail.h2d_bytes_start = self._h2d_bytes_total()
-                if self.emulator_meter is not None:
-                    tail.emulator_start = self.emulator_meter()
-                if self.recordings_meter is not None:
-                    tail.recorded_start = self.recordings_meter()
-                if self.calls_meter is not None:
-                    tail.calls_start = self.calls_meter()
-                self._open = tail
+                self._open = self._new_window(start_s, tail=True)
+
+    def _new_window(self, start_s: float, tail: bool = False) -> IterationWindow:
+        """Return a window of the current epoch starting at `start_s`, its start counters read now."""
+        win = IterationWindow(len(self.iterations), self._epoch, start_s, tail=tail)
+        win.sync_wait_start_s = self._sync_wait_total()
+        win.h2d_bytes_start = self._h2d_bytes_total()
+        if self.emulator_meter is not None:
+            win.emulator_start = self.emulator_meter()
+        if self.recordings_meter is not None:
+            win.recorded_start = self.recordings_meter()
+        if self.calls_meter is not None:
+            win.calls_start = self.calls_meter()
+        return win
 
     def note_training(self) -> None:
         """Record that a backward pass or an optimizer step ran in the open iteration (it is a training step)."""
