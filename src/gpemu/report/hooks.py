@@ -44,30 +44,28 @@ def _torch_backend_meter() -> Callable[[], tuple[float, int]] | None:
     return emulator_host_time if current_emulation() is not None else None
 
 
-def _torch_backend_recordings() -> Callable[[], int] | None:
-    """Return a meter of the calls the drop-in backend's replay path recorded per op, when it replays, else None."""
+def _torch_backend_counter(part: str, counter: str) -> Callable[[], int] | None:
+    """Return a meter reading `counter` of the installed emulation's `part` (its replayer, its phase tracker), or
+    None without an emulation or that part."""
     try:
         from gpemu.torch_backend import current_emulation  # type: ignore[attr-defined]
     except ImportError:
         return None
     emu = current_emulation()
-    if emu is None or emu.replay is None:
+    owner = getattr(emu, part, None) if emu is not None else None
+    if owner is None:
         return None
-    replayer = emu.replay
-    return lambda: int(replayer.recorded)
+    return lambda: int(getattr(owner, counter))
+
+
+def _torch_backend_recordings() -> Callable[[], int] | None:
+    """Return a meter of the calls the drop-in backend's replay path recorded per op, when it replays, else None."""
+    return _torch_backend_counter("replay", "recorded")
 
 
 def _torch_backend_module_calls() -> Callable[[], int] | None:
     """Return a meter of module calls outside a top module's forward, when an emulation is installed, else None."""
-    try:
-        from gpemu.torch_backend import current_emulation  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    emu = current_emulation()
-    if emu is None or emu.phases is None:
-        return None
-    phases = emu.phases
-    return lambda: int(phases.module_calls)
+    return _torch_backend_counter("phases", "module_calls")
 
 
 # Note [Iteration boundaries]
