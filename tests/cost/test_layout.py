@@ -52,7 +52,8 @@ def test_conv_relayout_bytes() -> None:
     assert (cost.layout, cost.relayout_bytes) == ("nchw", 12288)
     w1 = torch.empty(32, 16, 1, 1, device="meta", dtype=torch.float16)
     args, out = _conv(x, w1)
-    assert op_cost(aten.convolution.default, args, {}, out).relayout_bytes == 0  # 1x1 stride 1: a GEMM either way
+    # 1x1 stride 1 transposes too (Note [Layout cost]: timm's NCHW / NHWC pairs): x 4096 + y 8192 -> 12288
+    assert op_cost(aten.convolution.default, args, {}, out).relayout_bytes == 12288
     args, out = _conv(x, w1, stride=2)
     # stride 2: x 4096 + y 2*32*4*4 * 2 = 2048 -> 6144
     assert op_cost(aten.convolution.default, args, {}, out).relayout_bytes == 6144

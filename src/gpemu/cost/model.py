@@ -434,17 +434,23 @@ def mem_param(category: str, backward: bool) -> str:
 #     activation tensors into the native one and the result back (nchwToNhwcKernel / nhwcToNchwKernel in a profile):
 #     forward x and y, backward dy, x and dx, each read and written once. Those transposes are separate
 #     memory-bound kernels, so they add  2 * relayout_bytes / (bw * m_elementwise[_bwd] * b) + n * (mem_lat_cycles /
-#     clock + k0) (n tensors transposed; 16-bit ones stream at m_stream, Note [16-bit streaming]) to the time. A 1x1 stride-1 convolution needs none: in
-#     either layout it is a plain GEMM over the channel dimension (NCHW: W @ X_n with X_n = C x HW; NHWC: X @ W^T
-#     with X = NHW x C), forward and backward, so its relayout_bytes are 0. Nothing is fitted; cuDNN also picks
-#     different (often worse) main kernels for a foreign layout, which this does not model.
+#     clock + k0) (n tensors transposed; 16-bit ones stream at m_stream, Note [16-bit streaming]) to the time. Every
+#     convolution pays them, 1x1 ones included. (Until session 9 a 1x1 stride-1 convolution was exempt, as a plain
+#     GEMM over channels in either layout. timm's paired RTX 3090 AMP rows, the same runs in NCHW and NHWC, say
+#     otherwise: the bottleneck networks, whose convolutions are mostly 1x1, gain the most from NHWC (resnet50 1.47x,
+#     resnext50_32x4d 1.51x, seresnet50 1.36x) and the 3x3-only resnet18/34 the least (1.26x), where the exemption
+#     predicted 1.14-1.17x for all of them; with it gone the predicted ratios straddle the published ones (resnet50
+#     1.37, resnext50 1.34, resnet18 1.16, densenet121 1.39 vs 1.25; docs/cost-model.md). Lambda's resnet50 AMP NCHW
+#     rows, not used for this, moved from 30-55 % too fast on A100 / H100 to 7-27 %, and the V100 fp32 NHWC row
+#     from 11.8 % too fast to 2.7 % too slow.) Nothing is fitted; cuDNN also picks different (often worse) main
+#     kernels for a foreign layout, which this does not model.
 #  2. Batch norm. NCHW batch norm streams (n, c) planes of H*W elements (Note [Batch-norm plane size]); an NHWC
 #     kernel reads whole channel vectors of every pixel, coalesced whatever H*W is: no plane ramp, same ceiling.
 #     (Tried and dropped: an NHWC ceiling of max(m_norm[_bwd], m_elementwise[_bwd]), i.e. "at least a plain
 #     stream". It made fp32 channels_last resnet50 on a V100 predict 35 % faster than published, where NHWC fp32
 #     is 21 % slower than NCHW; 16-bit batch norm is priced by Note [16-bit streaming] either way.)
-# On the published resnet50 rows (bench/published_validation.py) the NHWC / NCHW speed ratio comes out 1.15 for AMP
-# on a V100 (published 1.37) and 0.88 for fp32 (published 0.83).
+# On the published resnet50 rows (bench/published_validation.py, the sandeepkumar-skb V100 pairs) the NHWC / NCHW
+# speed ratio comes out 1.42 for AMP (published 1.37) and 0.92 for fp32 (published 0.83).
 def native_conv_layout(spec: GPUSpec, dtype: str, tensor_core: bool) -> int:
     """Return the layout cuDNN's convolution kernels for this dtype on `spec` natively use: LAYOUT_NHWC for 16-bit
     tensor cores, LAYOUT_NCHW for CUDA cores, LAYOUT_NONE (either, no transposes) for TF32 (Note [Layout cost])."""
@@ -518,7 +524,7 @@ def spec_columns(ops: OpArrays, spec: GPUSpec, tc_eff: float, m_stream: float = 
     if ops.layout is not None and ops.layout.any():  # See Note [Layout cost]
         nhwc_bn = (ops.layout == LAYOUT_NHWC) & np.isfinite(plane)
         plane = np.where(nhwc_bn, np.inf, plane)
-        moved = ops.relayout_at_batch(1.0) > 0  # 1x1 stride-1 convolutions move nothing (registry._needs_relayout)
+        moved = ops.relayout_at_batch(1.0) > 0  # convolutions (their activation bytes)
         for j in np.flatnonzero((ops.layout != LAYOUT_NONE) & moved):
             native = native_conv_layout(spec, ops.dtype[j], bool(ops.tensor_core[j]))
             if ops.category[j] == "conv" and native != LAYOUT_NONE and ops.layout[j] != native:

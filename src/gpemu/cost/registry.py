@@ -178,13 +178,6 @@ def _conv_category(x: torch.Tensor, w: torch.Tensor, transposed: bool) -> str:
     return "conv_grouped" if x.dim() > 1 and in_per_group != x.shape[1] else "conv"
 
 
-def _needs_relayout(w: torch.Tensor, stride: Any) -> int:
-    """Return 1 when running this convolution in a foreign memory format takes transposes, 0 for a 1x1 stride-1
-    convolution (a plain GEMM over channels in either format; Note [Layout cost] in model.py)."""
-    strides = stride if isinstance(stride, (list, tuple)) else [stride]
-    return int(any(k != 1 for k in w.shape[2:]) or any(int(s) != 1 for s in strides))
-
-
 @register_cost(aten.convolution, aten._convolution, aten.cudnn_convolution)
 def _conv(args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> OpCost:
     x, w = args[0], args[1]
@@ -192,7 +185,7 @@ def _conv(args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> OpCost:
     dt = dtype_key(x.dtype)
     flops = conv_flops(x.shape, w.shape, out.shape, transposed)
     nbytes = io_bytes(args, kwargs, out)
-    act = (_nbytes(x) + _nbytes(out)) * _needs_relayout(w, args[3] if len(args) > 3 else 1)  # weights: not moved
+    act = _nbytes(x) + _nbytes(out)  # weights: not moved (Note [Layout cost])
     return OpCost(flops, nbytes, _conv_category(x, w, transposed), dt, _tc(dt, w.shape[0], w.shape[1]),
                   op_layout((x, w)), act)
 
@@ -208,8 +201,7 @@ def _conv_bwd(args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> OpCost:
     flops = one * (int(bool(mask[0])) + int(bool(mask[1])))
     dt = dtype_key(x.dtype)
     grad_in = out[0] if isinstance(out, (list, tuple)) and isinstance(out[0], torch.Tensor) else None
-    act = (_nbytes(grad_out) + _nbytes(x) + (_nbytes(grad_in) if grad_in is not None else 0)) * _needs_relayout(
-        w, args[4])
+    act = _nbytes(grad_out) + _nbytes(x) + (_nbytes(grad_in) if grad_in is not None else 0)
     return OpCost(flops, io_bytes(args, kwargs, out), _conv_category(x, w, transposed), dt,
                   _tc(dt, w.shape[0], w.shape[1]), op_layout((grad_out, x, w)), act)
 

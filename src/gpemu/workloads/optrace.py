@@ -20,7 +20,7 @@ from gpemu.cost.registry import op_cost, op_name, tensor_layout
 from gpemu.errors import GpemuError, UnknownNameError
 from gpemu.paths import cache_dir
 
-TRACE_VERSION = 8  # bump when what a trace records changes (invalidates the disk cache)
+TRACE_VERSION = 9  # bump when what a trace records changes (invalidates the disk cache)
 TRACE_DTYPES: tuple[str, ...] = ("fp32", "fp16", "bf16", "amp", "amp_bf16")
 OPTIMIZERS: tuple[str, ...] = ("sgd", "sgd-gpemu", "adam", "adamw")
 # Note [GPEmu-era step]
