@@ -286,3 +286,26 @@ def test_a_wide_grouped_convolution_is_priced_faster_than_a_depthwise_one() -> N
     assert depthwise == pytest.approx(compute + latency, rel=1e-6)
     assert wide == pytest.approx(compute / ratio + latency, rel=1e-6)
     assert ratio > 1
+
+
+def test_16bit_depthwise_convolution_runs_on_cuda_cores() -> None:
+    from gpemu.cost.model import uses_tensor_cores
+    from gpemu.cost.registry import op_cost
+    from gpemu.cost.roofline import cost_time_s
+
+    a100, params = get_gpu("a100"), load_params()
+    p, a = params.shared, params.factors(a100)["a"]
+    x = torch.empty(64, 256, 56, 56, device="meta", dtype=torch.float16)
+    w = torch.empty(256, 1, 3, 3, device="meta", dtype=torch.float16)  # depthwise: one channel per group
+    args = (x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 256)
+    cost = op_cost(torch.ops.aten.convolution.default, args, {}, torch.ops.aten.convolution.default(*args))
+    assert (cost.category, cost.tensor_core) == ("conv_grouped", False)
+    # Note [Narrow groups on CUDA cores]: no tensor cores, the fp32 CUDA-core peak (19.5 TFLOP/s) at e_grouped * a
+    assert not uses_tensor_cores(a100, "fp16", "conv_grouped", False)
+    flops = 2 * 64 * 256 * 9 * 56 * 56  # 925 MFLOP
+    compute = (flops + p["w_half"] * a100.sm_count) / (19.5e12 * p["e_grouped"] * a)
+    assert cost_time_s(cost, "convolution", a100, params) >= compute  # the max with the memory side, plus k0
+    # a group width of 16 is a GEMM per group: tensor cores, as the aligned 16-bit convolutions
+    assert uses_tensor_cores(a100, "fp16", "conv_grouped", True)
+    # dense misaligned convolutions (a stem's 3 input channels) keep the half-peak tensor-core price
+    assert uses_tensor_cores(a100, "fp16", "conv", False)

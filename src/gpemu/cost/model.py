@@ -150,6 +150,8 @@ def uses_tensor_cores(spec: GPUSpec, dtype: str, category: str, tensor_core: boo
         return False
     tf32 = spec.peak_tflops.get("tf32", 0.0) > 0
     if dtype in ("fp16", "bf16"):  # misaligned dims too, at a fraction of the peak: Note [Misaligned GEMMs]
+        if category == "conv_grouped" and not tensor_core:  # See Note [Narrow groups on CUDA cores]
+            return False
         return has_tensor_cores(spec) and spec.peak_tflops.get(dtype, 0.0) > 0
     if dtype == "tf32":
         return tf32
@@ -166,6 +168,24 @@ def uses_tensor_cores(spec: GPUSpec, dtype: str, category: str, tensor_core: boo
 # peak. Not fitted; A100-class hardware; the first convolution of an image model (3 input channels, which cuDNN
 # pads) is priced the same way.
 MISALIGNED_TC_FRACTION = 0.5
+
+
+# Note [Narrow groups on CUDA cores]
+# A grouped convolution whose group width (input channels per group) is not a multiple of 8 -- every depthwise
+# convolution, and ResNeXt-50 32x4d's 4-channel groups -- has no channel reduction to feed a tensor core: cuDNN's
+# 16-bit depthwise kernels and PyTorch's own (conv_depthwise2d, which its NCHW bf16 and most of its NCHW fp16
+# depthwise calls take) are CUDA-core kernels that accumulate in fp32. So a 16-bit one is priced like the fp32
+# grouped convolutions of the calibration data, on CUDA cores at the group-width efficiency (Note [Group width]) and
+# the GPU's factor a, with its 16-bit bytes; until session 9 it was a misaligned tensor-core GEMM (Note [Misaligned
+# GEMMs]) whose FLOPs cost next to nothing, leaving only a streaming memory time. Wider groups (RegNets' 8-64
+# channels, ResNeXt 32x8d) keep the tensor-core price. Checked on timm's RTX 3090 AMP rows (bench/timm_validation.py,
+# NCHW and NHWC, 34 models; docs/cost-model.md): the depthwise networks move 5-20 points slower (NHWC
+# mobilenetv3_large_100 +33.8 -> +22.8 %, efficientnet_b0 +19.3 -> +8.1 %, mnasnet_100 +16.1 -> +1.7 %, ghostnet
+# +55.7 -> +45.8 %), ConvNeXt's 7x7 depthwise layers 15 points (convnext_tiny +8.4 -> -9.9 %), to where the board's
+# plain CNNs and transformers already were (median -10 %); the spread of the 31 non-RegNet models around that median
+# (median absolute deviation of the log error) shrinks from 11.5 to 8.3 % (NCHW) and 14.2 to 10.4 % (NHWC). Tried in
+# session 8 and dropped then for moving ConvNeXt away from zero, before the layout change of session 9 showed that
+# board's CNNs sit 10-20 % slow in every layout. Not fitted: the efficiencies are the fp32 fit's.
 
 
 # Note [Sustained clock]
