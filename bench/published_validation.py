@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -378,6 +379,16 @@ def model_rows(refs: Sequence[Reference]) -> list[dict[str, object]]:
     return rows
 
 
+def _by_gpu(rows: Sequence[dict[str, object]]) -> dict[str, dict[str, float | int]]:
+    """Return per catalog GPU: row count, signed median % error (+ = gpemu too fast) and median |error|."""
+    errors: dict[str, list[float]] = {}
+    for r in rows:
+        errors.setdefault(get_gpu(str(r["gpu"])).key, []).append(float(r["error_pct"]))  # type: ignore[arg-type]
+    return {key: {"rows": len(errs), "signed_median_pct": round(statistics.median(errs), 2),
+                  "median_abs_pct": round(statistics.median(abs(e) for e in errs), 2)}
+            for key, errs in sorted(errors.items())}
+
+
 def write_expected_error(rows: Sequence[dict[str, object]], layers: Sequence[dict[str, object]],
                          squad: Sequence[dict[str, object]]) -> None:
     """Merge the tensor-core rows' errors into expected_error.json (Note [Expected error])."""
@@ -395,6 +406,8 @@ def write_expected_error(rows: Sequence[dict[str, object]], layers: Sequence[dic
                  "grid, and BERT-base/large SQuAD fine-tuning steps (TF32 / fp16, Volta to Hopper; Lambda's "
                  "deeplearning-benchmark) (bench/published_validation.py)",
         "step": _figures([*(float(r["error_pct"]) for r in layers), *tc_squad])}  # type: ignore[arg-type]
+    table["published_by_gpu"] = {  # See Note [Published bias per GPU]
+        kind: _by_gpu(kind_rows) for kind, kind_rows in (("vision", rows), ("lm", [*squad, *layers]))}
     table["fitted_sha256"] = fitted_sha256()
     table["published_note"] = f"bench/published_validation.py --write, {time.strftime('%Y-%m-%d')}"
     path.write_text(json.dumps(table, indent=1) + "\n")

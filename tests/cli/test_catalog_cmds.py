@@ -57,7 +57,9 @@ def test_gpus_lists_the_catalog() -> None:
 
 def test_predict_acceptance(imported: Path) -> None:
     out = _predict("--gpu", "v100", "--model", "resnet50", "--batch-size", "128")
-    assert set(out) == {"gpu", "model", "batch_size", "dtype", "memory_format", "phases", "memory"}
+    assert set(out) == {"gpu", "model", "batch_size", "dtype", "memory_format", "seq_len", "phases", "memory",
+                        "published_bias"}
+    assert out["seq_len"] is None  # an image model
     assert (out["gpu"], out["model"], out["batch_size"], out["dtype"]) == ("v100-pcie-32gb", "resnet50", 128, "fp32")
     assert out["memory_format"] == "nchw"
     assert set(out["phases"]) == {"forward", "backward", "h2d"}

@@ -13,6 +13,7 @@ from gpemu.cost.expected_error import (
     expected_error,
     fitted_sha256,
     load_table,
+    published_bias,
     seen_models,
     table_key,
 )
@@ -96,3 +97,29 @@ def test_the_predict_table_shows_the_error_and_its_basis(monkeypatch: pytest.Mon
     err = as_json["phases"]["forward"]["expected_error"]
     assert f"~{err['median_abs_pct']:.0f}% (p90 {err['p90_abs_pct']:.0f}%)" in result.stdout
     assert "expected |error| = median (p90) absolute error" in result.stdout
+
+
+def test_predict_shows_what_the_published_rows_say_about_the_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Note [Published bias per GPU]: per model kind and GPU, written by bench/published_validation.py --write
+    by_gpu = load_table()["published_by_gpu"]
+    entry = by_gpu["vision"]["rtx4090"]
+    assert entry["rows"] == 2  # Lambda's resnet50 TF32 and AMP rows
+    bias = published_bias("rtx4090")
+    assert bias is not None and bias.signed_median_pct == entry["signed_median_pct"]
+    assert published_bias("rtx4090", "lm").rows == by_gpu["lm"]["rtx4090"]["rows"]  # type: ignore[union-attr]
+    assert published_bias("k80") is None  # no published row
+    monkeypatch.setattr("gpemu.profiles.db.builtin_profile_paths", lambda: [])
+    monkeypatch.setenv("GPEMU_PROFILE_DIR", "/nonexistent-gpemu-profiles")
+    ProfileDB.clear_cache()
+    try:
+        result = runner.invoke(app, ["predict", "-g", "rtx4090", "-m", "resnet50", "-b", "32", "--dtype", "amp"])
+        as_json = json.loads(runner.invoke(app, ["predict", "-g", "rtx4090", "-m", "resnet50", "-b", "32", "--dtype",
+                                                  "amp", "--json"]).stdout)
+    finally:
+        ProfileDB.clear_cache()
+    assert result.exit_code == 0, result.output
+    assert as_json["published_bias"]["signed_median_pct"] == entry["signed_median_pct"]
+    lean = "faster" if entry["signed_median_pct"] > 0 else "slower"
+    line = " ".join(result.stdout.split())  # rich wraps long lines
+    assert (f"published real-GPU image-model throughputs on rtx4090: 2 rows, gpemu "
+            f"{abs(entry['signed_median_pct']):.0f}% {lean} than published") in line

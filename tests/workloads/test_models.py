@@ -51,3 +51,48 @@ def test_example_batches_have_the_profiled_shapes() -> None:
     assert (tuple(images.shape), images.dtype, tuple(labels.shape)) == ((3, 3, 224, 224), torch.float32, (3,))
     ids, targets = example_batch("gpt2", 2, device="meta")
     assert (tuple(ids.shape), ids.dtype, tuple(targets.shape)) == ((2, 512), torch.int64, (2, 512))
+
+
+def test_a_language_model_name_carries_its_sequence_length() -> None:
+    from gpemu.errors import GpemuError
+    from gpemu.workloads.models import seq_len, split_seq_len
+
+    # Note [Sequence length in the model name]
+    assert split_seq_len("gpt2@1024") == ("gpt2", 1024)
+    assert split_seq_len("gpt2") == ("gpt2", None)
+    assert split_seq_len("pkg.mod:make_lm@256") == ("pkg.mod:make_lm", 256)
+    assert (seq_len("gpt2"), seq_len("gpt2@1024"), seq_len("bert-base@128")) == (512, 1024, 128)
+    ids, labels = example_batch("gpt2@1024", 2, device="meta")
+    assert tuple(ids.shape) == tuple(labels.shape) == (2, 1024)
+    assert model_kind("gpt2@64") == "lm"
+    with pytest.raises(GpemuError, match="use 1 to 1024"):  # GPT-2 has 1024 positions
+        seq_len("gpt2@2048")
+    with pytest.raises(GpemuError, match="use 1 to 512"):  # BERT-base has 512
+        model_kind("bert-base@1024")
+    with pytest.raises(GpemuError, match="language models only"):
+        model_kind("resnet50@224")
+
+
+def test_predict_takes_a_sequence_length() -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from gpemu.cli.app import _register, app
+
+    _register()
+    runner = CliRunner()
+    outs = {}
+    for tokens in (256, 512):
+        result = runner.invoke(app, ["predict", "-g", "a100", "-m", "gpt2", "-b", "64", "--dtype", "bf16",
+                                     "--seq-len", str(tokens), "--json"])
+        assert result.exit_code == 0, result.output
+        outs[tokens] = json.loads(result.stdout)
+    assert (outs[256]["model"], outs[256]["seq_len"]) == ("gpt2@256", 256)
+    # 64 x 512 tokens is twice the work of 64 x 256 (attention a little more): the GPU-bound backward grows ~2x
+    ratio = outs[512]["phases"]["backward"]["seconds"] / outs[256]["phases"]["backward"]["seconds"]
+    assert 1.8 < ratio < 2.4
+    # the input copy is 8-byte token ids: 64 x 512 x 8 = 262,144 bytes
+    assert "64 x 4096 bytes" in outs[512]["phases"]["h2d"]["provenance"]
+    bad = runner.invoke(app, ["predict", "-g", "a100", "-m", "gpt2", "-b", "8", "--seq-len", "4096"])
+    assert bad.exit_code != 0 and "use 1 to 1024" in bad.output

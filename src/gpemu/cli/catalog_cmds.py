@@ -140,6 +140,8 @@ def predict(
     memory_format: str = typer.Option("nchw", "--memory-format",
                                       help="nchw, or channels_last (the model and input in NHWC, as after "
                                            "model.to(memory_format=torch.channels_last))."),
+    seq_len: int = typer.Option(0, "--seq-len", help="Tokens per sample for a language model (default 512; "
+                                                      "the same as --model gpt2@1024)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
 ) -> None:
     """Predict per-phase seconds of one training step (forward, backward, input H2D), where each came from and how far
@@ -149,6 +151,10 @@ def predict(
 
     if batch_size <= 0:
         raise _fail(GpemuError(f"--batch-size must be an integer >= 1, got {batch_size}"))
+    if seq_len < 0:
+        raise _fail(GpemuError(f"--seq-len must be an integer >= 1, got {seq_len}"))
+    if seq_len:  # Note [Sequence length in the model name]
+        model = f"{model.rpartition('@')[0] or model}@{seq_len}"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", GpemuWarning)
         try:
@@ -162,6 +168,7 @@ def predict(
         print(json.dumps(out, allow_nan=False, default=str))
         return
     fmt = "" if memory_format == "nchw" else f", {memory_format}"
+    fmt += "" if out.get("seq_len") is None else f", {out['seq_len']} tokens per sample"
     table = Table(title=f"{out['model']} on {out['gpu']}, batch {out['batch_size']}, {out['dtype']}{fmt}")
     for col in ("phase", "seconds", "source", "expected |error|", "from"):
         table.add_column(col)
@@ -182,6 +189,13 @@ def predict(
     for basis in bases:  # See Note [Expected error] in gpemu/cost/expected_error.py
         console.print(f"expected |error| = median (p90) absolute error of this path on held-out real measurements: "
                       f"{basis}", highlight=False)
+    bias = out.get("published_bias")
+    if bias and any(ph["source"] != "measured" for ph in out["phases"].values()):  # Note [Published bias per GPU]
+        lean = "faster" if bias["signed_median_pct"] > 0 else "slower"
+        kind = "image-model" if bias["model_kind"] == "vision" else "language-model"
+        console.print(f"published real-GPU {kind} throughputs on {bias['gpu']}: {bias['rows']} rows, gpemu "
+                      f"{abs(bias['signed_median_pct']):.0f}% {lean} than published (signed median; median |error| "
+                      f"{bias['median_abs_pct']:.0f}%); shown, not corrected ({bias['basis']})", highlight=False)
 
 
 def register(app: typer.Typer) -> None:

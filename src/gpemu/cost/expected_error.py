@@ -95,6 +95,41 @@ def expected_error(path: str, kind: str, phase: str, dtype: str = "fp32", model_
                          f"{entry['basis']} ({note})")
 
 
+# Note [Published bias per GPU]: the published rows also say how gpemu leans on one GPU. On the GDDR boards (RTX
+# 3090 / 4090 / A6000 / 6000 Ada, A10) gpemu reads 7-28 % slower than published in TF32 and AMP, NCHW and NHWC alike
+# (docs/cost-model.md, session 9), a bias the path-wide figures above average away. `published_validation.py
+# --write` stores, per kind of model ("vision": whole image models; "lm": SQuAD steps and transformer layers) and
+# catalog GPU, "published_by_gpu": row count, signed median error (+ = gpemu faster than published) and median
+# |error|; `gpemu predict` prints the entry of the model's kind beside a predicted figure for that GPU. Shown, not
+# applied: correcting by it would fit the validation to itself.
+@dataclass(frozen=True)
+class PublishedBias:
+    """How gpemu's predictions compared with the published real-GPU throughputs of one GPU."""
+
+    gpu: str
+    model_kind: str
+    rows: int
+    signed_median_pct: float
+    median_abs_pct: float
+    basis: str
+
+    def to_json(self) -> dict[str, object]:
+        """Return the `predict --json` object."""
+        return {"gpu": self.gpu, "model_kind": self.model_kind, "rows": self.rows, "signed_median_pct": round(self.signed_median_pct, 2),
+                "median_abs_pct": round(self.median_abs_pct, 2), "basis": self.basis}
+
+
+def published_bias(gpu_key: str, model_kind: str = "vision") -> PublishedBias | None:
+    """Return the published rows' verdict on one catalog GPU for one kind of model ("vision" or "lm"; Note
+    [Published bias per GPU]), or None."""
+    table = load_table()
+    entry = table.get("published_by_gpu", {}).get(model_kind, {}).get(gpu_key)
+    if not entry:
+        return None
+    return PublishedBias(gpu_key, model_kind, int(entry["rows"]), float(entry["signed_median_pct"]),
+                         float(entry["median_abs_pct"]), str(table.get("published_note", "expected_error.json")))
+
+
 def seen_models() -> frozenset[str]:
     """Return the models whose measured rows the packaged fit saw (the validation's rows)."""
     return frozenset(load_table().get("models", ()))

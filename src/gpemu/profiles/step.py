@@ -14,7 +14,7 @@ from gpemu.profiles.schema import DTYPES
 
 IMAGE_INPUT_BYTES_PER_SAMPLE = 3 * 224 * 224 * 4  # one 3x224x224 fp32 image, as GPEmu copied it
 MEMORY_FORMATS = ("nchw", "channels_last")  # profiles are NCHW; channels_last goes through the cost model
-TOKEN_INPUT_BYTES_PER_SAMPLE = 512 * 8  # one sequence of 512 int64 token ids (gpemu.workloads.models.SEQ_LEN)
+TOKEN_BYTES = 8  # one int64 token id; a sample is gpemu.workloads.models.seq_len(model) of them
 
 
 def known_models(db: ProfileDB) -> list[str]:
@@ -31,25 +31,38 @@ def check_model(model: str, db: ProfileDB) -> None:
     """Raise UnknownNameError when `model` is neither profiled nor in the zoo (a "module:factory" ref passes)."""
     if ":" in model or model in db.workloads():
         return
+    from gpemu.workloads.models import split_seq_len
+
+    base, length = split_seq_len(model)
+    if length is not None:  # Note [Sequence length in the model name]
+        check_model(base, db)
+        workload_kind(model, strict=True)
+        return
     choices = known_models(db)
     if model not in choices:
         raise UnknownNameError("model", model, choices)
 
 
-def workload_kind(model: str) -> str:
-    """Return "lm" or "vision" (a model unknown to the zoo, only profiled, is one of GPEmu's image classifiers)."""
-    try:
-        from gpemu.workloads.models import model_kind
+def workload_kind(model: str, strict: bool = False) -> str:
+    """Return "lm" or "vision" (a model unknown to the zoo, only profiled, is one of GPEmu's image classifiers);
+    strict=True lets the zoo's error about a bad name through."""
+    from gpemu.workloads.models import model_kind
 
+    try:
         return model_kind(model)
     except Exception:
+        if strict:
+            raise
         return "vision"
 
 
 def input_bytes(model: str, batch_size: int) -> tuple[int, str]:
     """Return (bytes of one input batch, how it was sized): images 3x224x224 fp32, or 512 int64 tokens for LMs."""
     if workload_kind(model) == "lm":
-        return batch_size * TOKEN_INPUT_BYTES_PER_SAMPLE, f"B x 512 int64 tokens = {batch_size} x 4096 bytes"
+        from gpemu.workloads.models import seq_len
+
+        per_sample = seq_len(model) * TOKEN_BYTES
+        return batch_size * per_sample, f"B x {seq_len(model)} int64 tokens = {batch_size} x {per_sample} bytes"
     return batch_size * IMAGE_INPUT_BYTES_PER_SAMPLE, f"B x 3x224x224 fp32 = {batch_size} x 602112 bytes"
 
 
@@ -172,7 +185,29 @@ def predict_step(
         "batch_size": batch_size,
         "dtype": dtype,
         "memory_format": memory_format,
+        "seq_len": _seq_len_or_none(model),
         "phases": {name: _json_phase(est, phase_expected_error(est, model, name, dtype) if name != "h2d" else None)
                    for name, est in phases.items()},
         "memory": memory_estimate(spec, model, batch_size, dtype, db),
+        "published_bias": _published_bias(spec.key, workload_kind(model)),
     }
+
+
+def _seq_len_or_none(model: str) -> int | None:
+    """Return a language model's tokens per sample (Note [Sequence length in the model name]); None for images."""
+    if workload_kind(model) != "lm":
+        return None
+    from gpemu.workloads.models import seq_len
+
+    return seq_len(model)
+
+
+def _published_bias(gpu_key: str, model_kind: str) -> dict[str, object] | None:
+    """Return the published rows' signed median error on this GPU for this kind of model (Note [Published bias per
+    GPU]), or None."""
+    try:
+        from gpemu.cost.expected_error import published_bias
+    except ImportError:  # pragma: no cover - cost package not installed
+        return None
+    bias = published_bias(gpu_key, model_kind)
+    return None if bias is None else bias.to_json()

@@ -98,6 +98,29 @@ class TransformerLM(nn.Module):
         return F.linear(x, self.tok.weight, self.head_bias)
 
 
+# Note [Sequence length in the model name]: a language model's sequence length is part of its workload name,
+# "gpt2@1024" (default SEQ_LEN when absent), so every layer keyed by the name -- trace cache, profile lookups, memory
+# prediction, the drop-in's phase targets -- tells one length from another without a new argument everywhere.
+# `gpemu predict --seq-len N` writes it; a length beyond the model's positions is an error naming the limit.
+def split_seq_len(name: str) -> tuple[str, int | None]:
+    """Return (base name, sequence length or None) of a workload name such as "gpt2@1024"."""
+    base, sep, tail = name.rpartition("@")
+    if sep and base and tail.isdigit():
+        return base, int(tail)
+    return name, None
+
+
+def seq_len(name: str) -> int:
+    """Return the tokens per sample of a language-model workload name (Note [Sequence length in the model name])."""
+    base, length = split_seq_len(name)
+    if length is None:
+        return SEQ_LEN
+    positions = _LM_CONFIGS.get(base, {}).get("positions")
+    if length < 1 or (positions is not None and length > positions):
+        raise GpemuError(f"sequence length {length} for {base!r}: use 1 to {positions} (its position embeddings)")
+    return length
+
+
 def _torchvision_names() -> list[str]:
     import torchvision
 
@@ -127,7 +150,13 @@ def _load_factory(ref: str) -> Callable[[], nn.Module]:
 
 def model_kind(name: str) -> str:
     """Return "lm" for token-input language models, "vision" for image classifiers (user factories: attribute
-    `gpemu_kind` on the factory, default "vision")."""
+    `gpemu_kind` on the factory, default "vision"); "<lm>@<tokens>" is that language model at that length."""
+    base, length = split_seq_len(name)
+    if length is not None:
+        if model_kind(base) != "lm":
+            raise GpemuError(f"{name!r}: a sequence length (@{length}) applies to language models only, not {base!r}")
+        seq_len(name)  # in range
+        return "lm"
     if name in _LM_CONFIGS:
         return "lm"
     if _is_factory_ref(name):
@@ -139,6 +168,10 @@ def model_kind(name: str) -> str:
 
 def build_model(name: str) -> nn.Module:
     """Return a freshly built model (random init, no weights downloaded) for a zoo name or "package.module:factory"."""
+    base, length = split_seq_len(name)
+    if length is not None:
+        seq_len(name)  # in range
+        return build_model(base)
     if name in _LM_CONFIGS:
         cfg = _LM_CONFIGS[name]
         return TransformerLM(causal=name == "gpt2", **cfg)
@@ -161,13 +194,16 @@ def build_model(name: str) -> nn.Module:
 def example_batch(
     name: str, batch_size: int, device: str | torch.device = "cpu"
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Return (inputs, targets): images Bx3x224x224 fp32 + class labels, or token ids Bx512 + next-token labels."""
+    """Return (inputs, targets): images Bx3x224x224 fp32 + class labels, or token ids B x seq_len(name) (512 unless
+    the name says "@<tokens>") + next-token labels."""
     if batch_size < 1:
         raise GpemuError(f"batch size must be >= 1, got {batch_size}")
     if model_kind(name) == "lm":
-        vocab = _LM_CONFIGS[name]["vocab"] if name in _LM_CONFIGS else 30522
-        ids = torch.randint(0, vocab, (batch_size, SEQ_LEN), device=device)
-        labels = torch.randint(0, vocab, (batch_size, SEQ_LEN), device=device)
+        base, _ = split_seq_len(name)
+        vocab = _LM_CONFIGS[base]["vocab"] if base in _LM_CONFIGS else 30522
+        tokens = seq_len(name)
+        ids = torch.randint(0, vocab, (batch_size, tokens), device=device)
+        labels = torch.randint(0, vocab, (batch_size, tokens), device=device)
         return ids, labels
     images = torch.randn(batch_size, 3, IMAGE_SIZE, IMAGE_SIZE, device=device)
     labels = torch.randint(0, NUM_CLASSES, (batch_size,), device=device)
