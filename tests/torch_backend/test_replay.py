@@ -841,3 +841,18 @@ def test_outputs_viewing_one_storage_replay_as_views_with_per_op_time_and_memory
     # elements (16 * 4 = 64 bytes) after k
     assert replay[3][3:] == ((4, 2, 8, 8), (384, 8, 48, 1), 64)
 
+
+
+class _OffsetEmbedding(torch.nn.Embedding):
+    """Sets a plain attribute before Module.__init__, as transformers 4.x OPTLearnedPositionalEmbedding does."""
+
+    def __init__(self, num: int, dim: int) -> None:
+        self.offset = 2
+        super().__init__(num + self.offset, dim)
+
+
+def test_a_module_may_set_plain_attributes_before_module_init(emu: gt.Emulation) -> None:
+    # torch's Module.__setattr__ allows it; gpemu's structure-cache hook read self._parameters and raised
+    # AttributeError (every OPT model failed to build under gpemu)
+    m = _OffsetEmbedding(8, 4).cuda()
+    assert m.offset == 2 and m.weight.shape == (10, 4)  # 8 positions + the offset of 2
