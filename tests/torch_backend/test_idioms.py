@@ -468,3 +468,18 @@ def test_a_known_host_value_is_forgotten_after_an_in_place_device_op(emu: gt.Emu
     u = torch.tensor([1, 2, 3]).cuda()
     u.add_(1)  # a number added to a known value: applied on the host too (Note [Counters on the device])
     assert u.tolist() == [2, 3, 4]
+
+
+@pytest.mark.parametrize(("gpu", "native"), [("v100", False), ("t4", False), ("a100", True)])
+def test_bf16_supported_answers_as_torch_does_on_the_real_card(gpu: str, native: bool) -> None:
+    # Note [bf16 before Ampere]: torch's default (including_emulation=True) creates a bf16 tensor on a pre-Ampere
+    # card, which works, so it says True on a V100 (7.0) and a T4 (7.5); only including_emulation=False checks >= 8.0
+    gt.install(gpu)
+    try:
+        assert torch.cuda.is_bf16_supported() is True
+        assert torch.cuda.is_bf16_supported(including_emulation=False) is native
+        with torch.autocast("cuda", dtype=torch.bfloat16):  # torch raises here when is_bf16_supported() is False
+            y = torch.nn.Linear(8, 8).cuda()(torch.randn(4, 8, device="cuda"))
+        assert y.dtype == torch.bfloat16
+    finally:
+        gt.uninstall()

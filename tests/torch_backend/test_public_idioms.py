@@ -164,7 +164,8 @@ def test_hf_style_loop(emu: gt.Emulation, monkeypatch: pytest.MonkeyPatch, tmp_p
 
 
 def test_nanogpt_under_gpemu_run(tmp_path: Path) -> None:
-    # as the product is used: `gpemu run --gpu v100 -- python train.py` (v100: no bf16, so fp16 + an enabled GradScaler)
+    # as the product is used: `gpemu run --gpu v100 -- python train.py` (v100: is_bf16_supported() is True there as on
+    # the real card, so bf16 autocast with a disabled GradScaler: Note [bf16 before Ampere])
     proc = subprocess.run(
         [sys.executable, "-m", "gpemu", "run", "--gpu", "v100", "--report-json", str(tmp_path / "r.json"), "--",
          "python", str(IDIOMS / "nanogpt" / "train.py"), "--max_iters=4"],

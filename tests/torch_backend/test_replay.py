@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 import torch
@@ -790,3 +791,68 @@ def test_a_replayed_step_costs_a_bounded_number_of_python_calls(emu: gt.Emulatio
     calls = _python_calls_per_step(model, x)
     assert emu.replay.replayed >= 7
     assert calls <= 1400, calls
+
+
+class _FusedKV(torch.nn.Module):
+    """Returns a loss and two views into its fused projection's output, as transformers 4.x GPT-2 returns each
+    layer's key and value (`past_key_values`) in training."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = torch.nn.Linear(16, 48)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        q, k, v = self.qkv(x).split(16, dim=2)
+        return (q * q).sum(), k.view(4, 8, 2, 8).permute(0, 2, 1, 3), v.view(4, 8, 2, 8).permute(0, 2, 1, 3)
+
+
+def _fused_kv_run(replay: bool) -> tuple[list[tuple[Any, ...]], int]:
+    emu = gt.install("a100", replay=replay)
+    try:
+        torch.manual_seed(0)
+        dev = emu.devices[0]
+        model = _FusedKV().cuda()
+        x = torch.randn(4, 8, 16, device="cuda")
+        rows = []
+        for _ in range(4):
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            busy0 = dev.busy_s()
+            loss, k, v = model(x)
+            loss.backward()
+            torch.cuda.synchronize()
+            rows.append((dev.busy_s() - busy0, torch.cuda.max_memory_allocated(), torch.cuda.memory_allocated(),
+                         tuple(k.shape), k.stride(), v.data_ptr() - k.data_ptr()))
+        return rows, (emu.replay.replayed if emu.replay is not None else 0)
+    finally:
+        gt.uninstall()
+
+
+def test_outputs_viewing_one_storage_replay_as_views_with_per_op_time_and_memory() -> None:
+    # Note [Outputs sharing a storage]: k and v are views at element offsets 16 and 32 into the (4, 8, 48) fp32 qkv
+    # output; before, such a forward was never replayed (0 here)
+    per_op, n_per_op = _fused_kv_run(False)
+    replay, n_replay = _fused_kv_run(True)
+    assert (n_per_op, n_replay) == (0, 2)  # steps 1-2 record, 3-4 replay
+    for a, b in zip(per_op, replay, strict=True):
+        assert b[0] == pytest.approx(a[0], rel=1e-6)  # the same queued GPU work (summed in another order)
+        assert b[1:3] == a[1:3]  # the same peak and held bytes: one qkv storage, 4 * 8 * 48 * 4 = 6144 B, held by k, v
+    # replayed outputs are views into one storage again: (4, 2, 8, 8) with strides (8 * 48, 8, 48, 1) and v 16
+    # elements (16 * 4 = 64 bytes) after k
+    assert replay[3][3:] == ((4, 2, 8, 8), (384, 8, 48, 1), 64)
+
+
+
+class _OffsetEmbedding(torch.nn.Embedding):
+    """Sets a plain attribute before Module.__init__, as transformers 4.x OPTLearnedPositionalEmbedding does."""
+
+    def __init__(self, num: int, dim: int) -> None:
+        self.offset = 2
+        super().__init__(num + self.offset, dim)
+
+
+def test_a_module_may_set_plain_attributes_before_module_init(emu: gt.Emulation) -> None:
+    # torch's Module.__setattr__ allows it; gpemu's structure-cache hook read self._parameters and raised
+    # AttributeError (every OPT model failed to build under gpemu)
+    m = _OffsetEmbedding(8, 4).cuda()
+    assert m.offset == 2 and m.weight.shape == (10, 4)  # 8 positions + the offset of 2

@@ -332,6 +332,21 @@ def _mem(method: str) -> Callable[..., Any]:
     return fn
 
 
+# Note [bf16 before Ampere]: torch.cuda.is_bf16_supported() answers True on any CUDA GPU by default: below compute
+# capability 8.0 it falls through (including_emulation=True) to creating a bf16 tensor on the device, which succeeds
+# on a V100 or T4 (bf16 storage and casts work there; the math runs without bf16 tensor cores). Only
+# `including_emulation=False` reduces it to the capability check. gpemu answered the capability check either way,
+# so on an emulated V100 transformers' `--bf16` stopped at "Your setup doesn't support bf16/gpu" and autocast(bfloat16)
+# raised, where the real card trains (slowly), and scripts that pick bf16 when it is "supported" (nanoGPT) took fp16.
+# The cost model prices bf16 math before Ampere at the fp32 CUDA-core peak (`_boost_peak_flops` in cost/model.py).
+def _bf16_supported(spec: Any) -> Callable[..., bool]:
+    def is_bf16_supported(including_emulation: bool = True) -> bool:
+        """Return torch's answer on `spec`: True from compute capability 8.0, and with emulation on any GPU."""
+        return bool(including_emulation) or spec.compute_capability[0] >= 8
+
+    return is_bf16_supported
+
+
 def cuda_functions(emu: state.Emulation) -> dict[str, Any]:
     """Return the torch.cuda attributes gpemu replaces, by name."""
     count = len(emu.devices)
@@ -346,7 +361,7 @@ def cuda_functions(emu: state.Emulation) -> dict[str, Any]:
         "get_device_properties": cuda_api.get_device_properties,
         "get_device_capability": lambda device=None: emu.devices[cuda_api.device_index(device)].spec.compute_capability,
         "get_arch_list": lambda: [f"sm_{spec.compute_capability[0]}{spec.compute_capability[1]}"],
-        "is_bf16_supported": lambda including_emulation=True: spec.compute_capability[0] >= 8,
+        "is_bf16_supported": _bf16_supported(spec),
         "synchronize": _synchronize,
         "Stream": cuda_api.Stream,
         "Event": cuda_api.Event,

@@ -107,6 +107,9 @@ class Recording:
     # objects]); tensor leaves fill the other positions in order
     out_other: dict[int, tuple[bool, Any]] = field(default_factory=dict)
     out_meta: list[tuple[tuple[int, ...], tuple[int, ...], torch.dtype, bool]] = field(default_factory=list)
+    # None when every output tensor owns a fresh storage; else ((bytes, dtype) per output storage, (storage, offset) per
+    # output): Note [Outputs sharing a storage]
+    out_layout: tuple[tuple[tuple[int, torch.dtype], ...], tuple[tuple[int, int], ...]] | None = None
     in_meta: list[tuple[tuple[int, ...], tuple[int, ...], torch.dtype]] = field(default_factory=list)
     ok: bool = True
     bwd_started: bool = False
@@ -133,8 +136,8 @@ class Recording:
 
     def matches(self, other: Recording) -> bool:
         """Return True when both calls ran the same ops at the same predicted costs with about the same memory."""
-        if (self.fwd, self.bwd, self.out_meta, self.stream_id, self.reads, self.copies) != (
-                other.fwd, other.bwd, other.out_meta, other.stream_id, other.reads, other.copies):
+        if (self.fwd, self.bwd, self.out_meta, self.out_layout, self.stream_id, self.reads, self.copies) != (
+                other.fwd, other.bwd, other.out_meta, other.out_layout, other.stream_id, other.reads, other.copies):
             return False
         # the caching allocator hands out whole blocks depending on what is cached, so byte counts move a little
         # from call to call (~0.5% on resnet18); a changed model moves them far more
@@ -298,6 +301,26 @@ class _Held:
         self.release = weakref.finalize(self, allocator.free, handle)
 
 
+# Note [Outputs sharing a storage]: a forward may return views of one tensor it made: transformers 4.x GPT-2 (and
+# other models with the legacy tuple cache) returns each layer's key and value as `past_key_values` in training,
+# views at offsets into that layer's fused c_attn output (`split`, then `view` + `permute`). A recording whose
+# outputs did not each own a fresh storage was never replayed, so every such training step ran per op (transformers'
+# run_clm_no_trainer.py with transformers 4.46, a 4-layer GPT-2 at 8 x 128: 5.5 ms of emulator host per step, 16.2 ms
+# wall for 6.9 ms of GPU work; replayed, 0.07 ms and 8.1 ms). The recording now notes each output's
+# storage (its bytes and dtype) and offset, counts each storage once in the output bytes (the rest of what the forward
+# left allocated is the saved activations), and the replay allocates each storage once and makes the outputs as views
+# into it at the recorded offsets: the memory held while the outputs live is the per-op path's. Outputs that view an
+# input or a parameter (an identity forward, a returned weight) are still never replayed, nor are outputs of different
+# dtypes over one storage.
+def _laid_out(rec: Recording) -> tuple[EmuTensor, ...]:
+    """Return a replay's output tensors as views into one new storage per recorded output storage."""
+    assert rec.out_layout is not None
+    storages, places = rec.out_layout
+    bases = [torch.empty((nbytes // dtype.itemsize,), dtype=dtype, device=META) for nbytes, dtype in storages]
+    return tuple(emu_tensor.wrap(bases[group].as_strided(shape, stride, offset), rec.index, tag="replay: output")
+                 for (shape, stride, _dtype, _rg), (group, offset) in zip(rec.out_meta, places, strict=True))
+
+
 class _ReplayFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, rec: Recording, direct: tuple[Any, ...] | None, *tensors: torch.Tensor) -> tuple[  # type: ignore[override]
@@ -323,7 +346,10 @@ class _ReplayFn(torch.autograd.Function):
             rec.saved_bytes > 0) else None
         tmp = alloc.malloc(rec.fwd_transient_bytes, stream_id, "replay: forward temporaries") if (
             rec.fwd_transient_bytes > 0) else None
-        outs = tuple(fresh(shape, stride, dtype, rec.index, "replay: output") for shape, stride, dtype, _rg in rec.out_meta)
+        if rec.out_layout is None:
+            outs = tuple(fresh(shape, stride, dtype, rec.index, "replay: output") for shape, stride, dtype, _rg in rec.out_meta)
+        else:
+            outs = _laid_out(rec)
         if tmp is not None:
             alloc.free(tmp)
         nondiff = [o for o, m in zip(outs, rec.out_meta, strict=True) if not m[3]]
@@ -737,17 +763,32 @@ class Replayer:
         if not leaves or not all(isinstance(t, EmuTensor) and t._index == index for t in leaves):
             rec.ok = False
             return out
-        known = {t.untyped_storage()._cdata for t in (*inputs, *params)}
-        seen: set[int] = set()
+        # by the inner meta storage, which views share (Note [Memory by storage] in tensor.py): an output that is a
+        # view of an input or a parameter is never replayed; outputs viewing one storage made in this forward are laid
+        # out again on replay (Note [Outputs sharing a storage])
+        known = {t._elem.untyped_storage()._cdata for t in (*inputs, *params) if isinstance(t, EmuTensor)}
+        groups: dict[int, int] = {}
+        storages: list[tuple[int, torch.dtype]] = []
+        places: list[tuple[int, int]] = []
+        plain = True
         out_bytes = 0
         for t in leaves:
-            st = t.untyped_storage()
-            fresh = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=META).untyped_storage()
-            if st._cdata in known or st._cdata in seen or t.storage_offset() or st.nbytes() != fresh.nbytes():
+            st = t._elem.untyped_storage()
+            group = groups.get(st._cdata)
+            if st._cdata in known:
                 rec.ok = False
-            seen.add(st._cdata)
-            out_bytes += round_size(st.nbytes())
+            if group is None:
+                group = groups[st._cdata] = len(storages)
+                storages.append((st.nbytes(), t.dtype))
+                out_bytes += round_size(st.nbytes())
+                fresh = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=META).untyped_storage()
+                plain = plain and not t.storage_offset() and st.nbytes() == fresh.nbytes()
+            else:
+                plain = False
+                rec.ok = rec.ok and storages[group][1] == t.dtype
+            places.append((group, t.storage_offset()))
             rec.out_meta.append((tuple(t.shape), t.stride(), t.dtype, t.requires_grad))
+        rec.out_layout = None if plain else (tuple(storages), tuple(places))
         rec.saved_bytes = end - win.start - out_bytes
         rec.fwd_transient_bytes = peak - end
         if rec.saved_bytes < 0:
@@ -1145,8 +1186,12 @@ def patch_structure_changes(patcher: Any) -> None:
                 structure_changed()
             return
         orig_setattr(self, name, value)
+        # (None over a parameter or a module too). Through __dict__, as torch's own __setattr__ reads them: a subclass
+        # may set plain attributes before Module.__init__ made them (transformers 4.x OPTLearnedPositionalEmbedding
+        # sets `self.offset = 2` first), and `self._parameters` then raised AttributeError under gpemu alone
+        d = self.__dict__
         if (isinstance(value, (torch.nn.Module, torch.nn.Parameter))
-                or name in self._parameters or name in self._modules):  # (None over a parameter or a module too)
+                or name in d.get("_parameters", ()) or name in d.get("_modules", ())):
             structure_changed()
 
     patcher.set(module_cls, "__setattr__", __setattr__)
