@@ -275,6 +275,16 @@ def main() -> None:
                 _row(pairs, f"{held} <- {col.removeprefix('pred_from_')}", _errors(sel.dropna(subset=[col]), col))
     console.print(pairs)
 
+    # where the tail lives: small batches are bound by the measuring host's dispatch, which a held-out GPU's machine
+    # does not share (docs/cost-model.md, session 7); large ones by the GPU
+    regimes = _table("Leave-one-GPU-out, scaled from nearest, by batch size (host-bound small batches vs GPU-bound)")
+    for label, lo, hi in (("batch 1-8", 1, 8), ("batch 9-64", 9, 64), ("batch 65-256", 65, 256),
+                          ("batch > 256", 257, 1 << 30)):
+        sel = logo[(logo["batch_size"] >= lo) & (logo["batch_size"] <= hi)]
+        if len(sel):
+            _row(regimes, label, _errors(sel, "pred_closest"))
+    console.print(regimes)
+
     if args.skip_lmo:
         lmo = logo.iloc[0:0].assign(pred=np.nan)
     else:
