@@ -313,7 +313,8 @@ def _timing_sources() -> dict[str, Any]:
         return {}
     described = emulation.phases.describe()
     out: dict[str, Any] = {"workloads": described["workloads"], "profiles": described["calibrated"],
-                           "phase_predictions": described.get("phase_predicted", {})}
+                           "phase_predictions": described.get("phase_predicted", {}),
+                           "compiled": described.get("compiled", [])}
     with contextlib.suppress(Exception):  # See Note [Expected error] in gpemu/cost/expected_error.py
         from gpemu.cost.expected_error import expected_error, seen_models
         from gpemu.profiles.step import workload_kind

@@ -285,6 +285,9 @@ def timing_line(timing: dict[str, Any]) -> str:
             f", expected |error| {v[2]}" if len(v) > 2 and v[2] else "") for k, v in sorted(preds.items())) + ")" if (
             preds) else ""
         parts.append(f"{100.0 * phase_s / total:.0f}% scaled to gpemu's phase predictions{which}")
+    compiled = timing.get("compiled") or []
+    fused = (f"; torch.compile'd {', '.join(compiled)}: pointwise/norm/reduction chains priced as fused kernels "
+             "(Note [Compiled regions])") if compiled else ""
     if not parts:
-        return f"GPU time: all predicted per op by {model} (no measured profile or phase prediction matched)"
-    return f"GPU time: {'; '.join(parts)}; the rest predicted per op by {model}"
+        return f"GPU time: all predicted per op by {model} (no measured profile or phase prediction matched){fused}"
+    return f"GPU time: {'; '.join(parts)}; the rest predicted per op by {model}{fused}"

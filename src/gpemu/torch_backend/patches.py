@@ -561,7 +561,7 @@ def apply(emu: state.Emulation, patcher: Patcher) -> None:
     if hasattr(mha, "get_fastpath_enabled"):  # See Note [Transformer fast path]
         patcher.set(mha, "get_fastpath_enabled", lambda: False)
     if hasattr(torch.nn.Module, "compile"):
-        patcher.set(torch.nn.Module, "compile", lambda self, *args, **kwargs: None)
+        patcher.set(torch.nn.Module, "compile", _eager_module_compile)
 
 
 def _foreach_device_check(orig: Any) -> Any:
@@ -592,24 +592,32 @@ def _foreach_device_check(orig: Any) -> Any:
 # Note [torch.compile under emulation]
 # Dynamo/Inductor trace real device kernels (Triton for CUDA); they cannot compile for an emulated device whose C++
 # backing is meta. Scripts that call torch.compile (nanoGPT and most recent LLM trainers do by default) therefore run
-# eager: the compiled object is the module/function itself. Timing then comes from the eager op stream (profile-
-# calibrated when the model has a profile, else the per-op cost model), which does not model Inductor's fusion: an
-# uncalibrated compiled model is predicted slower than it runs on hardware. A notice says so once per process.
+# eager: the compiled object is the module/function itself. A compiled module is marked, and its steps price the
+# streaming ops as Inductor's fused kernels, with no profile calibration (Note [Compiled regions] in fusion.py); a
+# compiled function runs and is priced eager. A notice says so once per process.
 _compile_notice_shown = False
 
 
 def _eager_compile(model: Any = None, *args: Any, **kwargs: Any) -> Any:
-    """Return `model` unchanged (or a decorator that does so): torch.compile runs eager under emulation."""
+    """Return `model` unchanged, marked as compiled when it is a module (or a decorator that returns its function
+    unchanged): torch.compile runs eager under emulation (Note [Compiled regions] in fusion.py)."""
     global _compile_notice_shown
     if not _compile_notice_shown:
         _compile_notice_shown = True
         import sys
 
-        print("gpemu: torch.compile runs eager on the emulated GPU (no Inductor fusion is modelled; see "
-              "docs/drop-in.md)", file=sys.stderr)
+        print("gpemu: torch.compile runs eager on the emulated GPU; a compiled module's elementwise, norm and "
+              "reduction ops are priced as Inductor's fused kernels (docs/drop-in.md)", file=sys.stderr)
     if model is None:
         return lambda fn: fn
+    if isinstance(model, torch.nn.Module):
+        model.__dict__["_gpemu_compiled"] = True  # not Module.__setattr__: a plain flag, no registration
     return model
+
+
+def _eager_module_compile(self: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
+    """nn.Module.compile under emulation: mark the module compiled, run it eager (Note [Compiled regions])."""
+    _eager_compile(self)
 
 
 def _empty_caches(emu: Any) -> None:

@@ -273,6 +273,10 @@ class PhaseTracker:
         # keyword arguments of a call made while no top module is open here; _pre takes them (and drops the
         # reference, so no batch is kept alive) when they belong to the module it sees.
         self.pending_kwargs: tuple[torch.nn.Module, dict[str, Any]] | None = None
+        from gpemu.torch_backend.fusion import FusionGroups
+
+        self.fusion = FusionGroups()  # See Note [Compiled regions] in fusion.py
+        self.compiled: set[str] = set()  # workloads (or "<model>") stepped as compiled models, for reports
 
     def install(self) -> None:
         """Register the global module hooks."""
@@ -283,6 +287,7 @@ class PhaseTracker:
                          register_optimizer_step_pre_hook(self._before_step)]
 
     def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.fusion.start(False)  # the optimizer step is not in the compiled graph (Note [Compiled regions])
         if self.phase != "backward":
             return
         self.stepped = True
@@ -336,6 +341,12 @@ class PhaseTracker:
             return
         self._close_phase()
         self.top = module
+        from gpemu.torch_backend.fusion import is_compiled
+
+        compiled = is_compiled(module)  # See Note [Compiled regions] in fusion.py
+        self.fusion.start(compiled)
+        if compiled:
+            self.compiled.add(self._workload(module) or type(module).__name__)
         if not torch.is_grad_enabled():
             self.phase = "eval"
             self.key = None
@@ -381,7 +392,7 @@ class PhaseTracker:
         # no such training forward first (another batch size, or evaluation only) it stays on per-op predictions.
         self.scale = None
         self.args = _PREDICTED_ARGS
-        if key is None:
+        if key is None or self.fusion.active:  # a compiled step is not the eager step profiled or predicted
             return
         full = (*key, "forward")
         target, prev = self._targets.get(full), self.prev.get(full)
@@ -397,6 +408,10 @@ class PhaseTracker:
             return
         self._close_phase()
         self.top = None
+        if self.phase == "eval":
+            self.fusion.start(False)
+        else:
+            self.fusion.start(self.fusion.active)  # the backward graph is compiled too: a new region, no open group
         if self.key is not None:
             self._begin("backward")
         else:
@@ -410,6 +425,8 @@ class PhaseTracker:
         self.args = _PREDICTED_ARGS
         self.backward_ran = self.stepped = self.accumulating = False
         if self.key is None or (phase == "backward" and self.frozen):  # See Note [Frozen parameters]
+            return
+        if self.fusion.active:  # See Note [Compiled regions]: profiles and phase predictions are eager steps
             return
         full = (*self.key, phase)
         target = self._target(full)
@@ -465,6 +482,7 @@ class PhaseTracker:
                            if v is not None and self.basis.get(k) == "measured"},
             "phase_predicted": {_label(k): [v, self.basis.get(k)] for k, v in self._targets.items()
                                 if v is not None and self.basis.get(k) != "measured"},
+            "compiled": sorted(self.compiled),  # See Note [Compiled regions] in fusion.py
         }
 
 

@@ -20,6 +20,7 @@ import torch
 from gpemu.device.allocator import SMALL_SIZE_BYTES, round_size
 from gpemu.errors import UnsupportedOpError
 from gpemu.torch_backend import state
+from gpemu.torch_backend.fusion import op_fusible
 from gpemu.torch_backend.shapes import FAST
 
 META = torch.device("meta")
@@ -447,15 +448,20 @@ def op_cost_s(func: Any, uargs: Any, ukwargs: Any, out: Any, index: int) -> floa
     return cost
 
 
-def charge(index: int, func: Any, predicted_s: float, category: str = "kernel") -> None:
-    """Enqueue one kernel of `predicted_s` (scaled by the phase calibration) on the current stream of `index`."""
+def charge(index: int, func: Any, predicted_s: float, category: str = "kernel", fusible: bool = False) -> None:
+    """Enqueue one kernel of `predicted_s` (scaled by the phase calibration) on the current stream of `index`;
+    `fusible`: a streaming op a compiled region fuses with its neighbours (Note [Compiled regions] in fusion.py)."""
     emu = state.require()
     _charge_on(emu, emu.current_stream(index), index, func if isinstance(func, str) else func.__name__, predicted_s,
-               category)
+               category, fusible)
 
 
-def _charge_on(emu: Any, stream: Any, index: int, name: str, predicted_s: float, category: str = "kernel") -> None:
+def _charge_on(emu: Any, stream: Any, index: int, name: str, predicted_s: float, category: str = "kernel",
+               fusible: bool = False) -> None:
     """Return charge() with the emulation and the current stream of `index` looked up by the caller (cache hits)."""
+    fusion = emu.phases.fusion
+    if fusion.active:  # See Note [Compiled regions] in fusion.py; recordings keep the fused price, replays reuse it
+        predicted_s = fusion.adjust(predicted_s, fusible)
     duration_s, args = emu.phases.charge(predicted_s)
     stream.enqueue(duration_s, name, "compute", category, args)
     if record_sink is not None:
@@ -518,7 +524,8 @@ def _tag(func: Any) -> str:
 
 _FRESH, _ARG0, _NONE, _GENERIC = 0, 1, 2, 3
 _OP_CACHE_MAX = 200_000
-_op_cache: dict[Any, tuple[int, Any, float, str, str]] = {}  # key -> (kind, output metadata, cost, name, tag)
+_op_cache: dict[Any, tuple[int, Any, float, str, str, bool]] = {}  # key -> (kind, output metadata, cost, name, tag,
+# fusible: Note [Compiled regions] in fusion.py)
 _empty_strided = torch._C._VariableFunctions.empty_strided  # not torch.empty_strided: gpemu patches that one
 _SIMPLE = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout)
 _SIMPLE_TYPES = frozenset(_SIMPLE)
@@ -880,13 +887,13 @@ def run_op(func: Any, args: Any, kwargs: Any) -> Any:
     key = _op_key(func, args, kwargs, emu)
     hit = _op_cache.get(key) if key is not None else None
     if hit is not None:
-        kind, meta, cost, name, tag = hit
+        kind, meta, cost, name, tag, fusible = hit
         index = _first_index(args)
         if index is not None and kind != _GENERIC:
             # the current stream is looked up once for the kernel and the outputs' allocations (~0.7 us each)
             stream = emu.current_stream(index)
             if cost >= 0.0:
-                _charge_on(emu, stream, index, name, cost)
+                _charge_on(emu, stream, index, name, cost, "kernel", fusible)
             if kind == _FRESH:
                 allocator = emu.devices[index].allocator
                 malloc, stream_id = allocator.malloc, stream.stream_id
@@ -917,14 +924,16 @@ def run_op(func: Any, args: Any, kwargs: Any) -> Any:
             return data_dependent_op(func, args, kwargs, exc)  # a handler, a clear error, or `exc` re-raised
         return func.decompose(*args, **kwargs)  # See Note [Composite ops on inference tensors]
     cost = -1.0
+    fusible = False
     if func not in _FREE_OPS and not func.is_view:
         cost = op_cost_s(func, uargs, ukwargs, out, index) + cast_s
-        charge(index, func, cost)
+        fusible = op_fusible(func, uargs, ukwargs, out)
+        charge(index, func, cost, "kernel", fusible)
     if key is not None:
         if len(_op_cache) >= _OP_CACHE_MAX:
             _op_cache.clear()
         kind, meta = _out_meta(out, uargs, ukwargs, func)
-        _op_cache[key] = (kind, meta, cost, func.__name__, _tag(func))
+        _op_cache[key] = (kind, meta, cost, func.__name__, _tag(func), fusible)
     if func.is_view and _inference_enabled() and not any(w.is_inference() for w in wrappers.values()):
         with torch.inference_mode(False):  # See Note [Views in inference mode]
             return wrap_outputs(out, index, wrappers, func)
