@@ -1145,8 +1145,11 @@ def patch_structure_changes(patcher: Any) -> None:
                 structure_changed()
             return
         orig_setattr(self, name, value)
-        if (isinstance(value, (torch.nn.Module, torch.nn.Parameter))
-                or name in self._parameters or name in self._modules):  # (None over a parameter or a module too)
+        # read from __dict__: a RecursiveScriptModule sets `_c` in its __init__ before it has `_parameters` (Note
+        # [Scripted modules])
+        params, modules = self.__dict__.get("_parameters"), self.__dict__.get("_modules")
+        if (isinstance(value, (torch.nn.Module, torch.nn.Parameter))  # (None over a parameter or a module too)
+                or (params is not None and name in params) or (modules is not None and name in modules)):
             structure_changed()
 
     patcher.set(module_cls, "__setattr__", __setattr__)
