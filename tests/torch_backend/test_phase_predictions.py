@@ -313,7 +313,9 @@ def test_gradient_accumulation_micro_steps_share_the_stepping_phases_scale(tmp_p
     assert backward < rest[3] < 2 * backward
 
 
-def test_an_ema_update_after_the_step_adds_its_per_op_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("replay", [False, True])
+def test_an_ema_update_after_the_step_adds_its_per_op_time(replay: bool, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     # Note [Work after the step]: DeepLearningExamples' ConvNets `--use-ema` and timm's ModelEmaV2 update an EMA of
     # the weights after optimizer.step(), with no gradient accumulation. The backward phase (loss + backward + step)
     # was scaled to its prediction with the EMA's kernels inside it, so a step with an EMA read the same GPU time as
@@ -322,7 +324,7 @@ def test_an_ema_update_after_the_step_adds_its_per_op_time(tmp_path: Path, monke
     batch = 2
     forward = predict_phase("h100", "resnet18", "forward", batch).value
     backward = predict_phase("h100", "resnet18", "backward", batch).value
-    gt.install("h100", replay=False)
+    gt.install("h100", replay=replay)
     try:
         emu = gt.current_emulation()
         stats = emu.devices[0].stats
@@ -343,7 +345,7 @@ def test_an_ema_update_after_the_step_adds_its_per_op_time(tmp_path: Path, monke
         per_op_ema = update_ema()  # before any forward: outside every phase, at the per-op prices
         steps: list[float] = []  # GPU seconds of each whole step: forward, backward, SGD step, EMA update
         emas: list[float] = []  # ... of its EMA update alone
-        for _ in range(4):
+        for _ in range(5):  # replayed from the third step on when replay is on
             torch.cuda.synchronize()
             t0 = stats.work_s["kernel"]
             model(x).float().mean().backward()
@@ -360,7 +362,7 @@ def test_an_ema_update_after_the_step_adds_its_per_op_time(tmp_path: Path, monke
     # target with the rest (5.9x here: 4.8 ms) and the step read forward + backward, as a step without an EMA does
     assert emas[3] == pytest.approx(per_op_ema, rel=1e-6)
     assert steps[3] == pytest.approx(forward + backward + per_op_ema, rel=1e-6)
-    assert steps[2] == pytest.approx(steps[3], rel=1e-6)
+    assert steps[2] == pytest.approx(steps[3], rel=1e-6) and steps[4] == pytest.approx(steps[3], rel=1e-6)
 
 
 def test_a_scripted_model_is_built_and_identified_under_emulation() -> None:
@@ -376,3 +378,33 @@ def test_a_scripted_model_is_built_and_identified_under_emulation() -> None:
         assert identify_model(scripted) == "resnet18"
     finally:
         gt.uninstall()
+
+
+def test_a_step_before_the_backward_pass_leaves_the_phase_scaled(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # Note [Work after the step]: only a step after the phase's backward pass closes it. A loop that steps first
+    # (here: on the previous iteration's gradients) keeps loss + backward + step scaled to the predictions; closing at
+    # that step would leave the backward pass per op (and calibrate the next step on an empty sum)
+    monkeypatch.setenv("GPEMU_PROFILE_DIR", str(tmp_path))
+    batch = 2
+    forward = predict_phase("h100", "resnet18", "forward", batch).value
+    backward = predict_phase("h100", "resnet18", "backward", batch).value
+    gt.install("h100", replay=False)
+    try:
+        stats = gt.current_emulation().devices[0].stats
+        model = torchvision.models.resnet18().cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        x = torch.randn(batch, 3, 224, 224, device="cuda")
+        steps: list[float] = []
+        for _ in range(4):
+            torch.cuda.synchronize()
+            t0 = stats.work_s["kernel"]
+            out = model(x)
+            opt.step()
+            opt.zero_grad()
+            out.float().mean().backward()
+            torch.cuda.synchronize()
+            steps.append(stats.work_s["kernel"] - t0)
+    finally:
+        gt.uninstall()
+    assert steps[3] == pytest.approx(forward + backward, rel=1e-6)

@@ -38,9 +38,10 @@ DeepLearningExamples' ConvNets `--use-ema` (an EMA of every state_dict tensor: ~
 ModelEmaV2 update after `optimizer.step()`; scaled with the phase, their kernels were squeezed into the backward
 target, so a step with an EMA read the same GPU time as one without (44.46 ms for ResNet-50 at batch 64, amp, on an
 A100, either way) while with gradient accumulation the same update cost ~16 ms (Note [Accumulation steps]). When
-the optimizer step returns (outside a backward pass: Note [Optimizer steps in backward] in report/hooks.py), the
-phase is closed with its sum so far, which becomes the next step's calibration sum, and what follows until the next
-forward (EMA updates, metrics, the next batch's input preparation) is priced per op. A second optimizer stepped
+the optimizer step returns after the phase's backward pass (not inside it: Note [Optimizer steps in backward] in
+report/hooks.py; a step before any backward pass leaves the phase as it was), the phase is closed with its sum so
+far, which becomes the next step's calibration sum, and what follows until the next forward (EMA updates, metrics,
+the next batch's input preparation) is priced per op. A second optimizer stepped
 after the first (one per sub-network) is then priced per op too.
 
 Note [Frozen parameters]: profiles and phase predictions are full training steps: every parameter gets a gradient
@@ -321,8 +322,8 @@ class PhaseTracker:
             self.args = _PREDICTED_ARGS
 
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self.phase != "backward" or torch._C._current_graph_task_id() != -1:
-            return  # already per op (Note [Accumulation steps]), or a step inside a backward pass
+        if self.phase != "backward" or not self.backward_ran or torch._C._current_graph_task_id() != -1:
+            return  # already per op (Note [Accumulation steps]), no backward pass yet, or a step inside one
         self._close_phase()  # See Note [Work after the step]
         self.phase = "after step"
         self.scale = None
