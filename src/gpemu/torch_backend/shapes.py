@@ -170,7 +170,8 @@ def _layer_norm(args: Any, kwargs: Any) -> Any:
     stat_shape = tuple(x.shape[:axis]) + (1,) * len(normalized_shape)
     acc = _acc(x.dtype)
     # contiguous whatever the input's strides (Note [Output strides of fast shape functions])
-    return _contiguous(x), torch.empty(stat_shape, dtype=acc, device=META), torch.empty(stat_shape, dtype=acc, device=META)
+    stats = torch.empty(stat_shape, dtype=acc, device=META), torch.empty(stat_shape, dtype=acc, device=META)
+    return _contiguous(x), *stats
 
 
 @_fast(aten.native_layer_norm_backward.default)
