@@ -19,6 +19,7 @@ from gpemu.torch_backend import (
     cuda_api,
     default_device,
     legacy,
+    nvml,
     profiling,
     rng,
     serialization,
@@ -537,6 +538,7 @@ def apply(emu: state.Emulation, patcher: Patcher) -> None:
         if hasattr(cuda_random, name):
             patcher.set(cuda_random, name, getattr(torch.cuda, name))
     legacy.apply(patcher)
+    nvml.apply(patcher)  # Note [Emulated NVML]
     profiling.apply(patcher)
     serialization.apply(patcher)
     # optimizers pick their foreach (multi-tensor) path only for these exact types; see Note [Foreach on emulated]

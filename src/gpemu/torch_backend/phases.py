@@ -29,7 +29,20 @@ so timm's train.py with `--grad-accum-steps 2` alternated 22.6 / 67.4 ms of GPU 
 step (the loop accumulates), backward phases take their scale from such a phase's sum, and in a phase that steps the
 optimizer the step and what follows it (clipping after unscale_ excepted: it comes before) are priced per op: every
 micro-step's loss + backward sums to the target (which also covers one optimizer step), and the update is added once
-per accumulation cycle. Loops that step after every backward are scaled as before.
+per accumulation cycle. Loops that step after every backward are scaled as before (up to the step's end: Note
+[Work after the step]).
+
+Note [Work after the step]: the backward phase runs from the top module's return to its next call, and its target
+covers the loss, the backward pass and one optimizer step, not what a loop does after the step. NVIDIA
+DeepLearningExamples' ConvNets `--use-ema` (an EMA of every state_dict tensor: ~800 kernels for ResNet-50) and timm's
+ModelEmaV2 update after `optimizer.step()`; scaled with the phase, their kernels were squeezed into the backward
+target, so a step with an EMA read the same GPU time as one without (44.46 ms for ResNet-50 at batch 64, amp, on an
+A100, either way) while with gradient accumulation the same update cost ~16 ms (Note [Accumulation steps]). When
+the optimizer step returns after the phase's backward pass (not inside it: Note [Optimizer steps in backward] in
+report/hooks.py; a step before any backward pass leaves the phase as it was), the phase is closed with its sum so
+far, which becomes the next step's calibration sum, and what follows until the next forward (EMA updates, metrics,
+the next batch's input preparation) is priced per op. A second optimizer stepped
+after the first (one per sub-network) is then priced per op too.
 
 Note [Frozen parameters]: profiles and phase predictions are full training steps: every parameter gets a gradient
 and an update. Fine-tuning with a frozen backbone (`requires_grad = False` on all but the head: pytorch/tutorials
@@ -217,12 +230,28 @@ def identify_model(module: torch.nn.Module) -> str | None:
     return None
 
 
+# Note [Scripted modules]: `torch.jit.script(model)` (NVIDIA DeepLearningExamples' ConvNets `--jit script`) returns a
+# RecursiveScriptModule. Under emulation it died in its own __init__: gpemu's Module.__setattr__ patch (Note [Module
+# structure cache] in replay.py) read `self._parameters`, which a script module does not have yet when it sets `_c`;
+# the patch reads `_parameters` / `_modules` from __dict__ now. Once built, the scripted model was not identified
+# (its class is RecursiveScriptModule for every architecture), so its steps ran on per-op predictions: ResNet-50 at
+# batch 64, amp, on an A100 read 32.07 ms of GPU per step scripted and 44.46 ms eager (phase-predicted). A script
+# module keeps the scripted class's name in `original_name`; identification uses it, and the parameter count
+# decides as for any model (a scripted module's submodules are script modules too, so the head cannot be told apart:
+# only the exact count matches).
+def _class_name(module: torch.nn.Module) -> str:
+    """Return the class name that identifies `module`: a script module's `original_name`, else its type's name."""
+    if isinstance(module, torch.jit.ScriptModule):
+        return str(getattr(module, "original_name", type(module).__name__))
+    return type(module).__name__
+
+
 def _identify_exact(module: torch.nn.Module, nparams: int) -> str | None:
     # Note [Replaced heads]: fine-tuning scripts replace the classifier (`model.fc = nn.Linear(2048, 101)`). The
     # backbone -- every parameter but the last nn.Linear's -- still identifies the architecture, and the head is a
     # sliver of the step (resnet50's 2048x1000 fc is ~0.4 % of its training FLOPs), so the zoo model's profile
     # stands for it: calibration scales the per-op costs, the smaller head included, to the profiled phase time.
-    cls = type(module).__name__.lower()
+    cls = _class_name(module).lower()
     prefixes = _TV_PREFIX.get(cls, (cls[:4],))
     counts = _torchvision_param_counts(prefixes)
     for name, (count, _) in counts.items():
@@ -281,10 +310,11 @@ class PhaseTracker:
     def install(self) -> None:
         """Register the global module hooks."""
         from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
-        from torch.optim.optimizer import register_optimizer_step_pre_hook
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
         self._handles = [register_module_forward_pre_hook(self._pre), register_module_forward_hook(self._post),
-                         register_optimizer_step_pre_hook(self._before_step)]
+                         register_optimizer_step_pre_hook(self._before_step),
+                         register_optimizer_step_post_hook(self._after_step)]
 
     def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.fusion.start(False)  # the optimizer step is not in the compiled graph (Note [Compiled regions])
@@ -295,6 +325,14 @@ class PhaseTracker:
             self.phase = "step"
             self.scale = None
             self.args = _PREDICTED_ARGS
+
+    def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.phase != "backward" or not self.backward_ran or torch._C._current_graph_task_id() != -1:
+            return  # already per op (Note [Accumulation steps]), no backward pass yet, or a step inside one
+        self._close_phase()  # See Note [Work after the step]
+        self.phase = "after step"
+        self.scale = None
+        self.args = _PREDICTED_ARGS
 
     def warm(self) -> None:
         """Load the profile database now, so the first forward does not pay for it inside the timed step."""

@@ -1188,7 +1188,8 @@ def patch_structure_changes(patcher: Any) -> None:
         orig_setattr(self, name, value)
         # (None over a parameter or a module too). Through __dict__, as torch's own __setattr__ reads them: a subclass
         # may set plain attributes before Module.__init__ made them (transformers 4.x OPTLearnedPositionalEmbedding
-        # sets `self.offset = 2` first), and `self._parameters` then raised AttributeError under gpemu alone
+        # sets `self.offset = 2` first; a RecursiveScriptModule sets `_c`: Note [Scripted modules]), and `self._parameters`
+        # then raised AttributeError under gpemu alone
         d = self.__dict__
         if (isinstance(value, (torch.nn.Module, torch.nn.Parameter))
                 or name in d.get("_parameters", ()) or name in d.get("_modules", ())):

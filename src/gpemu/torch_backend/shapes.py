@@ -31,11 +31,45 @@ def _acc(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in _LOW else dtype
 
 
+# Note [Output strides of fast shape functions]: an op's output strides decide later ops: `.view()` works or fails,
+# and F.linear folds a contiguous N-d input into one addmm where a strided one goes through matmul (a copy and an mm,
+# or a bmm over a broadcast weight). The fast functions used to give every output its input's strides. Two cases
+# differ from torch's CUDA kernels: (1) a non-dense input (a slice, `x[:, :10]`): TensorIterator and empty_like
+# allocate a new dense tensor in the input's dimension order, so `(x[:, :10] * 2).view(-1)` and
+# `x[:, :10].clone().view(-1)` work on a GPU; under emulation the output kept the slice's gaps and `.view(-1)` failed;
+# (2) native_layer_norm and its backward make their input contiguous and return contiguous outputs (torch's meta
+# kernel for the backward keeps the input's strides: the CUDA kernel is the reference). ConvNeXt's blocks call
+# LayerNorm on a permuted (N, H, W, C) view: the output kept the permutation, so the following nn.Linear ran as a
+# copy + mm and, in a copy whose weights do not require grad (timm's ModelEma), as a bmm priced 26x the mm (the EMA
+# model's evaluation read 50.5 ms of GPU where the model's own read 17.1 ms, ConvNeXt-T at batch 32, amp, A100).
+def _dense_order_strides(t: torch.Tensor) -> tuple[int, ...]:
+    """Return t's strides if it is non-overlapping and dense, else dense strides in t's dimension order."""
+    expected = 1
+    for d in sorted(range(t.dim()), key=t.stride):
+        if t.shape[d] == 1:
+            continue
+        if t.stride(d) != expected:
+            break
+        expected *= t.shape[d]
+    else:
+        return tuple(t.stride())
+    strides = [0] * t.dim()
+    step = 1
+    for d in sorted(range(t.dim()), key=lambda d: (t.stride(d), -d)):  # innermost first; ties keep dim order
+        strides[d] = step
+        step *= max(int(t.shape[d]), 1)
+    return tuple(strides)
+
+
 def _like(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     # empty_strided, not empty_like: empty_like on meta runs a Python prims decomposition (~100 us)
     if t.is_contiguous():
         return torch.empty(t.shape, dtype=dtype or t.dtype, device=META)
-    return torch.empty_strided(t.shape, t.stride(), dtype=dtype or t.dtype, device=META)
+    return torch.empty_strided(t.shape, _dense_order_strides(t), dtype=dtype or t.dtype, device=META)
+
+
+def _contiguous(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    return torch.empty(t.shape, dtype=dtype or t.dtype, device=META)
 
 
 def _vec(n: int, dtype: torch.dtype) -> torch.Tensor:
@@ -135,14 +169,16 @@ def _layer_norm(args: Any, kwargs: Any) -> Any:
     axis = x.dim() - len(normalized_shape)
     stat_shape = tuple(x.shape[:axis]) + (1,) * len(normalized_shape)
     acc = _acc(x.dtype)
-    return _like(x), torch.empty(stat_shape, dtype=acc, device=META), torch.empty(stat_shape, dtype=acc, device=META)
+    # contiguous whatever the input's strides (Note [Output strides of fast shape functions])
+    stats = torch.empty(stat_shape, dtype=acc, device=META), torch.empty(stat_shape, dtype=acc, device=META)
+    return _contiguous(x), *stats
 
 
 @_fast(aten.native_layer_norm_backward.default)
 def _layer_norm_backward(args: Any, kwargs: Any) -> Any:
     _grad, x, _shape, _mean, _rstd, weight, bias, mask = args[:8]
     return (
-        _like(x) if mask[0] else None,
+        _contiguous(x) if mask[0] else None,
         _like(weight) if mask[1] and weight is not None else None,
         _like(bias) if mask[2] and bias is not None else None,
     )
