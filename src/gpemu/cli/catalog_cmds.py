@@ -154,7 +154,9 @@ def predict(
     if seq_len < 0:
         raise _fail(GpemuError(f"--seq-len must be an integer >= 1, got {seq_len}"))
     if seq_len:  # Note [Sequence length in the model name]
-        model = f"{model.rpartition('@')[0] or model}@{seq_len}"
+        from gpemu.workloads.models import split_seq_len
+
+        model = f"{split_seq_len(model)[0]}@{seq_len}"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", GpemuWarning)
         try:

@@ -115,8 +115,9 @@ class PublishedBias:
 
     def to_json(self) -> dict[str, object]:
         """Return the `predict --json` object."""
-        return {"gpu": self.gpu, "model_kind": self.model_kind, "rows": self.rows, "signed_median_pct": round(self.signed_median_pct, 2),
-                "median_abs_pct": round(self.median_abs_pct, 2), "basis": self.basis}
+        return {"gpu": self.gpu, "model_kind": self.model_kind, "rows": self.rows,
+                "signed_median_pct": round(self.signed_median_pct, 2), "median_abs_pct": round(self.median_abs_pct, 2),
+                "basis": self.basis}
 
 
 def published_bias(gpu_key: str, model_kind: str = "vision") -> PublishedBias | None:

@@ -57,12 +57,13 @@ def workload_kind(model: str, strict: bool = False) -> str:
 
 
 def input_bytes(model: str, batch_size: int) -> tuple[int, str]:
-    """Return (bytes of one input batch, how it was sized): images 3x224x224 fp32, or 512 int64 tokens for LMs."""
+    """Return (bytes of one input batch, how it was sized): images 3x224x224 fp32, or seq_len(model) int64 tokens
+    (512 by default) for LMs."""
     if workload_kind(model) == "lm":
         from gpemu.workloads.models import seq_len
 
-        per_sample = seq_len(model) * TOKEN_BYTES
-        return batch_size * per_sample, f"B x {seq_len(model)} int64 tokens = {batch_size} x {per_sample} bytes"
+        per_sample = (tokens := seq_len(model)) * TOKEN_BYTES
+        return batch_size * per_sample, f"B x {tokens} int64 tokens = {batch_size} x {per_sample} bytes"
     return batch_size * IMAGE_INPUT_BYTES_PER_SAMPLE, f"B x 3x224x224 fp32 = {batch_size} x 602112 bytes"
 
 

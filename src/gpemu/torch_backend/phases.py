@@ -66,6 +66,7 @@ from typing import Any
 import torch
 
 from gpemu.torch_backend import state
+from gpemu.torch_backend.fusion import FusionGroups, is_compiled
 
 PhaseLookup = Callable[[str, str, str, int, str], "float | None"]
 
@@ -302,8 +303,6 @@ class PhaseTracker:
         # keyword arguments of a call made while no top module is open here; _pre takes them (and drops the
         # reference, so no batch is kept alive) when they belong to the module it sees.
         self.pending_kwargs: tuple[torch.nn.Module, dict[str, Any]] | None = None
-        from gpemu.torch_backend.fusion import FusionGroups
-
         self.fusion = FusionGroups()  # See Note [Compiled regions] in fusion.py
         self.compiled: set[str] = set()  # workloads (or "<model>") stepped as compiled models, for reports
 
@@ -379,8 +378,6 @@ class PhaseTracker:
             return
         self._close_phase()
         self.top = module
-        from gpemu.torch_backend.fusion import is_compiled
-
         compiled = is_compiled(module)  # See Note [Compiled regions] in fusion.py
         self.fusion.start(compiled)
         if compiled:
