@@ -127,3 +127,4 @@ def test_module_compile_method_marks_the_module_compiled() -> None:
         assert model(torch.randn(2, 4, device="cuda")).shape == (2, 4)
     finally:
         gt.uninstall()
+

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import gpemu.torch_backend as gt
@@ -62,3 +63,27 @@ def test_fused_and_foreach_optimizer_kernels_hit_the_cache_whatever_their_float_
         assert len(emu_tensor._op_cache) == before + 2
     finally:
         gt.uninstall()
+
+
+def _mm_gpu_s(gpu: str) -> float:
+    emu = gt.install(gpu, replay=False)
+    try:
+        a = torch.randn(4096, 4096, device="cuda")
+        torch.cuda.synchronize()
+        before = emu.devices[0].stats.work_s["kernel"]
+        a @ a
+        torch.cuda.synchronize()
+        return emu.devices[0].stats.work_s["kernel"] - before
+    finally:
+        gt.uninstall()
+
+
+def test_a_second_gpu_in_one_process_is_priced_as_itself() -> None:
+    # Note [Op costs per GPU]: the op caches are keyed by shapes, not by GPU; an H100 after an A100 in one process
+    # reused the A100's costs. A 4096^3 fp32 matmul (137 GFLOP, CUDA cores) must cost the same on an H100 whether an
+    # A100 ran it first or not.
+    h100_first = _mm_gpu_s("h100")
+    a100 = _mm_gpu_s("a100")
+    h100_after = _mm_gpu_s("h100")
+    assert h100_after == pytest.approx(h100_first, rel=1e-9)
+    assert a100 > 1.5 * h100_first  # 19.5 vs 67 TFLOP/s fp32 peak (SXM5): the A100 is far slower

@@ -31,6 +31,7 @@ from gpemu.torch_backend.patches import Patcher, apply
 from gpemu.torch_backend.phases import PhaseLookup, PhaseTracker, model_from_env
 from gpemu.torch_backend.replay import Replayer, patch_module_call, replay_enabled_from_env
 from gpemu.torch_backend.state import Emulation, ValueHook
+from gpemu.torch_backend.tensor import forget_op_costs
 from gpemu.units import parse_size
 
 _patcher: Patcher | None = None
@@ -71,6 +72,7 @@ def install(
     emu = Emulation(devices, trace=trace, model=model, value_hook=value_hook, nonzero_fraction=nonzero_fraction,
                     float_value=float_value)
     emu.phases = PhaseTracker(spec.key, model, profile_lookup)
+    forget_op_costs(spec.key)  # See Note [Op costs per GPU] in tensor.py
     state._set_current(emu)
     _patcher = Patcher()
     apply(emu, _patcher)

@@ -432,6 +432,23 @@ def check_fp32_modes() -> tuple[bool, bool]:
     return modes
 
 
+def forget_op_costs(spec_key: str) -> None:
+    """Forget cached op costs and output plans when an emulation of another GPU starts (Note [Op costs per GPU])."""
+    global _costs_for
+    if spec_key != _costs_for:
+        _cost_cache.clear()
+        _op_cache.clear()
+        _costs_for = spec_key
+
+
+# Note [Op costs per GPU]: the op caches are keyed by the op, its shapes and the device index, not by the GPU, and
+# outlive an emulation (a second install reuses them: the same script's shapes cost the same). A process that
+# installed one GPU and then another -- a notebook comparing GPUs, the test suite -- priced the second GPU's ops at
+# the first one's costs wherever the shapes repeated (resnet18's SGD step after an A100 run read 2.4 ms slower on an
+# H100). install() now forgets them when the GPU changes.
+_costs_for: str | None = None
+
+
 def op_cost_s(func: Any, uargs: Any, ukwargs: Any, out: Any, index: int) -> float:
     """Return the predicted kernel time of one op on device `index`, cached by (op, shapes, dtypes, scalars)."""
     key = (func, index, _signature(uargs), _signature(ukwargs))
