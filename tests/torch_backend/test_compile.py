@@ -127,3 +127,72 @@ def test_module_compile_method_marks_the_module_compiled() -> None:
         assert model(torch.randn(2, 4, device="cuda")).shape == (2, 4)
     finally:
         gt.uninstall()
+
+
+class _TwoParams(torch.nn.Module):
+    """out = relu((x * w1 + 1) * w2): in backward, w2's AccumulateGrad runs between w2's and w1's gradients."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        super().__init__()
+        self.w1 = torch.nn.Parameter(torch.ones(shape))
+        self.w2 = torch.nn.Parameter(torch.ones(shape))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu((x * self.w1 + 1.0) * self.w2)
+
+
+def _beside_the_graph_s(compiled: bool) -> tuple[float, float, float]:
+    """Return (the loss computed outside the model, the second backward minus the first, clip_grad_norm_) GPU s."""
+    emu = gt.install("a100", replay=False)
+    try:
+        shape = (16, 1024, 1024)
+        model = _TwoParams(shape).cuda()
+        if compiled:
+            model = torch.compile(model)
+        x = torch.randn(shape, device="cuda")
+        stats = emu.devices[0].stats
+
+        def work_s() -> float:
+            torch.cuda.synchronize()
+            return stats.work_s["kernel"]
+
+        for _ in range(2):  # op costs cached in the first pass
+            model.zero_grad(set_to_none=True)
+            backward_s = []
+            for _ in range(2):  # the second backward adds into the gradients (AccumulateGrad: one add each)
+                y = model(x)
+                t0 = work_s()
+                loss = torch.relu(y * 3.0).sum()  # eager under Inductor too: outside the compiled module
+                t1 = work_s()
+                loss.backward()
+                backward_s.append(work_s() - t1)
+            t2 = work_s()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # after the backward: eager kernels
+            clip_s = work_s() - t2
+        return t1 - t0, backward_s[1] - backward_s[0], clip_s
+    finally:
+        gt.uninstall()
+
+
+def test_eager_kernels_beside_a_compiled_graph_are_priced_in_full() -> None:
+    # Note [Compiled regions]: only the compiled forward and the backward of the nodes it made fuse. The loss's mul,
+    # relu and sum run after the module returned; the second backward's two gradient adds run in AccumulateGrad
+    # (w2's between w2's and w1's gradient kernels, so the compiled backward's group must stay open across it);
+    # clip_grad_norm_'s norm, stack, reciprocal, clamp and scale run after the backward. Each costs its eager time,
+    # so compiled equals eager for all three. Before the fix the loss's relu and sum were fused into its mul (0.10
+    # of 0.29 ms left), the adds into the open group (0 of 0.30 ms), and clip_grad_norm_'s scalar chain into one
+    # kernel (0.30 of 0.34 ms); with the adds closing the group, w1's gradient kernel was charged apart (0.44 ms).
+    eager, compiled = _beside_the_graph_s(False), _beside_the_graph_s(True)
+    assert min(eager) > 0
+    assert compiled == pytest.approx(eager, rel=1e-6)
+
+
+def test_a_compiled_model_in_a_wrapper_is_named_by_its_own_class() -> None:
+    emu = gt.install("a100", replay=False)
+    try:
+        model = torch.nn.DataParallel(torch.compile(_TwoParams((4, 8)).cuda()))  # nanoGPT: DDP(torch.compile(m))
+        model(torch.randn(4, 8, device="cuda")).sum().backward()
+        described = emu.phases.describe()
+    finally:
+        gt.uninstall()
+    assert described["compiled"] == ["_TwoParams"]  # was ["DataParallel"]: the run report named the wrapper

@@ -12,13 +12,23 @@ import torch
 # reductions between its extern kernels (cuBLAS GEMMs, cuDNN convolutions, flash attention): a GELU written as
 # tanh(sqrt(2/pi) * (x + 0.044715 x^3)) is one kernel reading x once, where eager runs eight, each reading and writing
 # the whole tensor, and each paying a launch. The step of a compiled model is priced that way: inside the forward of
-# a compiled top module, and in the backward phase that follows it until the optimizer steps (AOTAutograd compiles
-# the backward graph too), consecutive ops of the streaming categories -- elementwise, norm (batch, layer and group
+# a compiled top module, and in the backward pass of the autograd nodes that forward made (AOTAutograd compiles the
+# backward graph too), consecutive ops of the streaming categories -- elementwise, norm (batch, layer and group
 # norm, softmax; Inductor decomposes them), reduction -- form one group, priced at the most expensive op of the group:
 # each op is charged what it adds to the group's running maximum (its own time, latency included, minus that
 # maximum, never below zero), so a group costs one launch and one pass over its largest operands. Any other op
 # (GEMM, convolution, attention, embedding, pooling, copies, optimizer) ends the group and is priced as before.
 # Phase calibration (profiles, phase predictions) is off for a compiled step: those are eager steps.
+# Only the compiled graph fuses: after the forward returns, an op is fused only while the autograd engine runs the
+# backward of a node the compiled forward made (its sequence number lies between the two taken at the forward's start
+# and end). The ops between the forward and the backward (a loss computed outside the model: timm's criterion, an
+# LM's cross-entropy over the vocabulary), the backward of those eager ops, AccumulateGrad and the hooks that run on
+# it (gradient accumulation's adds, DDP's bucket copies; its sequence number is UINT64_MAX), and what runs after the
+# backward (GradScaler.unscale_, clip_grad_norm_) are eager kernels under Inductor too, priced one by one; they do
+# not close the open group (the compiled backward is one autograd node on a GPU, and the AccumulateGrad nodes and
+# their hooks, which the emulated engine interleaves with the compiled graph's ops, run after it). Before
+# session 9's fix they joined the groups: nanoGPT's clip_grad_norm_ lost five kernels, and one-rank DDP's bucket copies
+# half their time (0.37 instead of 0.78 ms per step on its small config).
 # Stated, not fitted: no measured Inductor step is in the data. It is optimistic for groups Inductor splits (a
 # reduction followed by a broadcast over a different shape can be two kernels) and ignores what the min-cut
 # partitioner saves for backward or recomputes. Published sign of the size: nanoGPT's README (karpathy/nanoGPT,
@@ -43,33 +53,55 @@ def op_fusible(func: Any, args: Any, kwargs: Any, out: Any) -> bool:
     return known
 
 
-def is_compiled(module: torch.nn.Module) -> bool:
-    """Return True when torch.compile was applied to `module` (torch.compile(m) or m.compile()), or to the module a
-    DataParallel / DistributedDataParallel wrapper holds."""
+def compiled_module(module: torch.nn.Module) -> torch.nn.Module | None:
+    """Return the module torch.compile was applied to (torch.compile(m) or m.compile()): `module` itself, or the
+    module a DataParallel / DistributedDataParallel wrapper holds; None when neither is compiled."""
     for m in (module, getattr(module, "module", None)):
         if isinstance(m, torch.nn.Module) and (m.__dict__.get("_gpemu_compiled")
                                                 or m.__dict__.get("_compiled_call_impl") is not None):
-            return True
-    return False
+            return m
+    return None
+
+
+def is_compiled(module: torch.nn.Module) -> bool:
+    """Return True when torch.compile was applied to `module` or to the module a DP / DDP wrapper holds."""
+    return compiled_module(module) is not None
 
 
 class FusionGroups:
     """The running group of fusible ops of a compiled region (Note [Compiled regions])."""
 
-    __slots__ = ("_group_s", "active", "fused_ops")
+    __slots__ = ("_group_s", "_seq_hi", "_seq_lo", "active", "fused_ops")
 
     def __init__(self) -> None:
         self.active = False
         self._group_s = 0.0
+        self._seq_lo = self._seq_hi = 0  # a backward region: the compiled forward's autograd nodes [lo, hi)
         self.fused_ops = 0  # ops charged less than their own time (a report figure)
 
     def start(self, active: bool) -> None:
         """Begin a region (compiled or not) with no open group."""
         self.active = active
+        self._seq_lo = self._seq_hi = 0
         self._group_s = 0.0
+
+    def start_backward(self, seq_lo: int, seq_hi: int) -> None:
+        """Begin the backward region of a compiled forward whose autograd nodes got sequence numbers in
+        [seq_lo, seq_hi): only the ops of those nodes fuse (Note [Compiled regions])."""
+        self.start(seq_lo >= 0)  # -1: no node was made (inference mode), nothing to fuse
+        self._seq_lo, self._seq_hi = seq_lo, seq_hi
+
+    def _in_graph(self) -> bool:
+        """Return True while the autograd engine runs a node the compiled forward made (not AccumulateGrad)."""
+        node = torch._C._current_autograd_node()
+        if node is None:  # outside the backward pass: eager ops between the forward and the step
+            return False
+        return self._seq_lo <= node._sequence_nr() < self._seq_hi
 
     def adjust(self, predicted_s: float, fusible: bool) -> float:
         """Return what one op adds to the step: its time, or for a fusible op what it adds to its group's maximum."""
+        if self._seq_hi and not self._in_graph():
+            return predicted_s  # an eager kernel beside the compiled graph: its own time, the open group stays open
         if not fusible:
             self._group_s = 0.0
             return predicted_s

@@ -306,6 +306,7 @@ class PhaseTracker:
 
         self.fusion = FusionGroups()  # See Note [Compiled regions] in fusion.py
         self.compiled: set[str] = set()  # workloads (or "<model>") stepped as compiled models, for reports
+        self.fwd_seq_lo = -1  # the autograd sequence number at a compiled training forward's start
 
     def install(self) -> None:
         """Register the global module hooks."""
@@ -379,12 +380,17 @@ class PhaseTracker:
             return
         self._close_phase()
         self.top = module
-        from gpemu.torch_backend.fusion import is_compiled
+        from gpemu.torch_backend.fusion import compiled_module
 
-        compiled = is_compiled(module)  # See Note [Compiled regions] in fusion.py
+        marked = compiled_module(module)  # See Note [Compiled regions] in fusion.py
+        compiled = marked is not None
         self.fusion.start(compiled)
-        if compiled:
-            self.compiled.add(self._workload(module) or type(module).__name__)
+        if marked is not None:  # named by the compiled model, not by a DDP / DataParallel wrapper around it
+            self.compiled.add(self._workload(module) or type(marked).__name__)
+            if torch.is_grad_enabled():
+                from gpemu.torch_backend.replay import _next_sequence_nr
+
+                self.fwd_seq_lo = _next_sequence_nr()
         if not torch.is_grad_enabled():
             self.phase = "eval"
             self.key = None
@@ -446,10 +452,12 @@ class PhaseTracker:
             return
         self._close_phase()
         self.top = None
-        if self.phase == "eval":
+        if self.phase == "eval" or not self.fusion.active:
             self.fusion.start(False)
-        else:
-            self.fusion.start(self.fusion.active)  # the backward graph is compiled too: a new region, no open group
+        else:  # the backward graph of the compiled forward is compiled too: a new region, no open group
+            from gpemu.torch_backend.replay import _next_sequence_nr
+
+            self.fusion.start_backward(self.fwd_seq_lo, _next_sequence_nr())
         if self.key is not None:
             self._begin("backward")
         else:
