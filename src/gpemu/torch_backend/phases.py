@@ -397,7 +397,7 @@ class PhaseTracker:
         compiled = marked is not None
         self.compiled_step = compiled or id(module) in self.regional_tops
         self.fusion.start(compiled)
-        self.ranges = []
+        self.region, self.ranges = None, []  # no block left open by a forward that raised
         if marked is not None:  # named by the compiled model, not by a DDP / DataParallel wrapper around it
             self.compiled.add(self._workload(module) or type(marked).__name__)
             if torch.is_grad_enabled():
