@@ -290,4 +290,6 @@ def timing_line(timing: dict[str, Any]) -> str:
              "(Note [Compiled regions])") if compiled else ""
     if not parts:
         return f"GPU time: all predicted per op by {model} (no measured profile or phase prediction matched){fused}"
+    if compiled:  # See Note [Compiled regions]: a compiled phase is not scaled to the eager target itself
+        fused += ", its phases at the eager targets above times the fused / unfused per-op time"
     return f"GPU time: {'; '.join(parts)}; the rest predicted per op by {model}{fused}"

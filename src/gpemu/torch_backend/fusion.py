@@ -12,13 +12,34 @@ import torch
 # reductions between its extern kernels (cuBLAS GEMMs, cuDNN convolutions, flash attention): a GELU written as
 # tanh(sqrt(2/pi) * (x + 0.044715 x^3)) is one kernel reading x once, where eager runs eight, each reading and writing
 # the whole tensor, and each paying a launch. The step of a compiled model is priced that way: inside the forward of
-# a compiled top module, and in the backward phase that follows it until the optimizer steps (AOTAutograd compiles
-# the backward graph too), consecutive ops of the streaming categories -- elementwise, norm (batch, layer and group
+# a compiled top module, and in the backward pass of the autograd nodes that forward made (AOTAutograd compiles the
+# backward graph too), consecutive ops of the streaming categories -- elementwise, norm (batch, layer and group
 # norm, softmax; Inductor decomposes them), reduction -- form one group, priced at the most expensive op of the group:
 # each op is charged what it adds to the group's running maximum (its own time, latency included, minus that
 # maximum, never below zero), so a group costs one launch and one pass over its largest operands. Any other op
 # (GEMM, convolution, attention, embedding, pooling, copies, optimizer) ends the group and is priced as before.
-# Phase calibration (profiles, phase predictions) is off for a compiled step: those are eager steps.
+# Regional compilation (each block compiled, not the model: `for b in model.blocks: b.compile()`, as torchtitan and
+# diffusers' compile_repeated_blocks do) is priced the same way inside each compiled submodule's forward and the
+# backward of its nodes; the ops between the blocks stay eager. Before session 9's fix only a compiled top module
+# fused, so a regionally compiled GPT-2 124M step was priced as eager (79.1 ms; the whole model compiled: 71.4 ms).
+# Phase calibration: profiles and phase predictions are eager steps; their scale corrects the per-op prices (host
+# dispatch, the phase's fixed costs, the cost model's error on this model's kernels), and Inductor calls the same
+# GEMM / convolution kernels. A compiled phase therefore takes the eager phase's time times its fused fraction:
+# target x fused / unfused per-op sum, both sums from the last phase priced wholly per op (a recording, not a
+# replay). Before the fix (session 9) calibration was off for compiled steps: timm's resnet50 (batch 32, AMP,
+# channels_last, phase-predicted 35.5 ms eager) was priced at its fused per-op sum, 10.9 ms, 3.25x faster than eager,
+# where its per-op sums say 17.1 -> 10.9 ms (1.57x).
+# Only the compiled graph fuses: after the forward returns, an op is fused only while the autograd engine runs the
+# backward of a node the compiled forward made (its sequence number lies between the two taken at the forward's start
+# and end). The ops between the forward and the backward (a loss computed outside the model: timm's criterion, an
+# LM's cross-entropy over the vocabulary), the backward of those eager ops, AccumulateGrad and the hooks that run on
+# it (gradient accumulation's adds, DDP's bucket copies; its sequence number is UINT64_MAX), and what runs after the
+# backward (GradScaler.unscale_, clip_grad_norm_) are eager kernels under Inductor too, priced one by one. Those of
+# AccumulateGrad do not close the open group (the compiled backward is one autograd node on a GPU, and the
+# AccumulateGrad nodes and their hooks, which the emulated engine interleaves with the compiled graph's ops, run after
+# it); those of any other node do (the eager code between two compiled blocks). Before
+# session 9's fix they joined the groups: nanoGPT's clip_grad_norm_ lost five kernels, and one-rank DDP's bucket copies
+# half their time (0.37 instead of 0.78 ms per step on its small config).
 # Stated, not fitted: no measured Inductor step is in the data. It is optimistic for groups Inductor splits (a
 # reduction followed by a broadcast over a different shape can be two kernels) and ignores what the min-cut
 # partitioner saves for backward or recomputes. Published sign of the size: nanoGPT's README (karpathy/nanoGPT,
@@ -27,6 +48,7 @@ import torch
 FUSIBLE_CATEGORIES = frozenset({"elementwise", "norm", "reduction", "copy"})
 
 _fusible_ops: dict[Any, bool] = {}
+_ACCUMULATE_GRAD_SEQ = 2**64 - 1  # AccumulateGrad's sequence number (UINT64_MAX: the engine runs it first)
 
 
 def op_fusible(func: Any, args: Any, kwargs: Any, out: Any) -> bool:
@@ -43,33 +65,61 @@ def op_fusible(func: Any, args: Any, kwargs: Any, out: Any) -> bool:
     return known
 
 
-def is_compiled(module: torch.nn.Module) -> bool:
-    """Return True when torch.compile was applied to `module` (torch.compile(m) or m.compile()), or to the module a
-    DataParallel / DistributedDataParallel wrapper holds."""
+def marked_compiled(module: torch.nn.Module) -> bool:
+    """Return True when torch.compile was applied to `module` itself (torch.compile(m) or m.compile())."""
+    d = module.__dict__
+    return bool(d.get("_gpemu_compiled")) or d.get("_compiled_call_impl") is not None
+
+
+def compiled_module(module: torch.nn.Module) -> torch.nn.Module | None:
+    """Return the module torch.compile was applied to: `module` itself, or the module a DataParallel /
+    DistributedDataParallel wrapper holds; None when neither is compiled."""
     for m in (module, getattr(module, "module", None)):
-        if isinstance(m, torch.nn.Module) and (m.__dict__.get("_gpemu_compiled")
-                                                or m.__dict__.get("_compiled_call_impl") is not None):
-            return True
-    return False
+        if isinstance(m, torch.nn.Module) and marked_compiled(m):
+            return m
+    return None
+
+
+def is_compiled(module: torch.nn.Module) -> bool:
+    """Return True when torch.compile was applied to `module` or to the module a DP / DDP wrapper holds."""
+    return compiled_module(module) is not None
 
 
 class FusionGroups:
     """The running group of fusible ops of a compiled region (Note [Compiled regions])."""
 
-    __slots__ = ("_group_s", "active", "fused_ops")
+    __slots__ = ("_group_s", "_ranges", "active", "fused_ops", "saved_s")
 
     def __init__(self) -> None:
         self.active = False
         self._group_s = 0.0
+        # a backward region: the autograd sequence numbers [lo, hi) of the nodes each compiled forward made
+        self._ranges: tuple[tuple[int, int], ...] = ()
         self.fused_ops = 0  # ops charged less than their own time (a report figure)
+        self.saved_s = 0.0  # per-op time the groups saved since the phase tracker last reset it (calibration)
 
     def start(self, active: bool) -> None:
         """Begin a region (compiled or not) with no open group."""
         self.active = active
+        self._ranges = ()
         self._group_s = 0.0
+
+    def start_backward(self, ranges: tuple[tuple[int, int], ...]) -> None:
+        """Begin the backward region of compiled forwards whose autograd nodes got sequence numbers in the
+        [lo, hi) `ranges`: only the ops of those nodes fuse (Note [Compiled regions])."""
+        ranges = tuple(r for r in ranges if r[0] >= 0)  # -1: no node was made (inference mode), nothing to fuse
+        self.start(bool(ranges))
+        self._ranges = ranges
 
     def adjust(self, predicted_s: float, fusible: bool) -> float:
         """Return what one op adds to the step: its time, or for a fusible op what it adds to its group's maximum."""
+        if self._ranges:  # a backward region: only the nodes the compiled forwards made fuse
+            node = torch._C._current_autograd_node()
+            seq = -1 if node is None else node._sequence_nr()  # None: outside the backward pass
+            if not any(lo <= seq < hi for lo, hi in self._ranges):
+                if seq != _ACCUMULATE_GRAD_SEQ:  # an eager node between compiled regions ends the group
+                    self._group_s = 0.0
+                return predicted_s  # an eager kernel: its own time
         if not fusible:
             self._group_s = 0.0
             return predicted_s
@@ -77,6 +127,8 @@ class FusionGroups:
         if self._group_s > 0.0:
             self.fused_ops += 1
         if extra <= 0.0:
+            self.saved_s += predicted_s
             return 0.0
+        self.saved_s += self._group_s
         self._group_s = predicted_s
         return extra

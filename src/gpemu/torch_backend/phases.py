@@ -66,7 +66,7 @@ from typing import Any
 import torch
 
 from gpemu.torch_backend import state
-from gpemu.torch_backend.fusion import FusionGroups, is_compiled
+from gpemu.torch_backend.fusion import FusionGroups, compiled_module, marked_compiled
 
 PhaseLookup = Callable[[str, str, str, int, str], "float | None"]
 
@@ -305,6 +305,13 @@ class PhaseTracker:
         self.pending_kwargs: tuple[torch.nn.Module, dict[str, Any]] | None = None
         self.fusion = FusionGroups()  # See Note [Compiled regions] in fusion.py
         self.compiled: set[str] = set()  # workloads (or "<model>") stepped as compiled models, for reports
+        self.fwd_seq_lo = -1  # the autograd sequence number at a compiled training forward's start
+        self.compiled_step = False  # the open step's top module is compiled (Note [Compiled regions])
+        self.region: torch.nn.Module | None = None  # a compiled submodule whose forward is open (regional)
+        self.ranges: list[tuple[int, int]] = []  # the autograd sequence numbers of the regions' forwards
+        self.regional_tops: set[int] = set()  # ids of top modules in which a compiled submodule ran
+        self.fused_fraction: dict[tuple[str, int, str, str, str], float] = {}  # fused / unfused per-op sum
+        self.replayed = False  # a replayed chunk was charged in the open phase (replay._charge_chunks sets it)
 
     def install(self) -> None:
         """Register the global module hooks."""
@@ -362,7 +369,11 @@ class PhaseTracker:
 
     def _pre(self, module: torch.nn.Module, args: Any) -> None:
         pending, self.pending_kwargs = self.pending_kwargs, None
-        if self.top is not None or _replica_thread() or torch._C._current_autograd_node() is not None:
+        if self.top is not None:
+            if self.region is None and not self.fusion.active and marked_compiled(module):
+                self._enter_region(module)  # See Note [Compiled regions] in fusion.py: regional compilation
+            return
+        if _replica_thread() or torch._C._current_autograd_node() is not None:
             return  # inside backward: activation checkpointing's recomputation (Note [Modules called in backward])
         self.module_calls += 1
         from gpemu.torch_backend.tensor import EmuTensor, check_fp32_modes
@@ -378,10 +389,15 @@ class PhaseTracker:
             return
         self._close_phase()
         self.top = module
-        compiled = is_compiled(module)  # See Note [Compiled regions] in fusion.py
+        marked = compiled_module(module)  # See Note [Compiled regions] in fusion.py
+        compiled = marked is not None
+        self.compiled_step = compiled or id(module) in self.regional_tops
         self.fusion.start(compiled)
-        if compiled:
-            self.compiled.add(self._workload(module) or type(module).__name__)
+        self.region, self.ranges = None, []  # no block left open by a forward that raised
+        if marked is not None:  # named by the compiled model, not by a DDP / DataParallel wrapper around it
+            self.compiled.add(self._workload(module) or type(marked).__name__)
+            if torch.is_grad_enabled():
+                self.fwd_seq_lo = _next_sequence_nr()
         if not torch.is_grad_enabled():
             self.phase = "eval"
             self.key = None
@@ -427,10 +443,13 @@ class PhaseTracker:
         # no such training forward first (another batch size, or evaluation only) it stays on per-op predictions.
         self.scale = None
         self.args = _PREDICTED_ARGS
-        if key is None or self.fusion.active:  # a compiled step is not the eager step profiled or predicted
+        if key is None:
             return
         full = (*key, "forward")
         target, prev = self._targets.get(full), self.prev.get(full)
+        if target is not None and self.compiled_step:  # See Note [Compiled regions] in fusion.py
+            fraction = self.fused_fraction.get(full)
+            target = None if fraction is None else target * fraction
         if target is not None and prev:
             self.scale = target / prev
             basis = self.basis.get(full, "measured")
@@ -438,15 +457,32 @@ class PhaseTracker:
                          "scale": round(self.scale, 6), "profile_s": target, "workload": key[0], "basis": basis,
                          "scaled_as": "training forward"}
 
+    def _enter_region(self, module: torch.nn.Module) -> None:
+        """Open the forward of a compiled submodule of an uncompiled top module (regional compilation)."""
+        self.region = module
+        self.compiled.add(type(module).__name__)
+        if self.top is not None:
+            self.regional_tops.add(id(self.top))
+        self.compiled_step = True
+        self.fwd_seq_lo = _next_sequence_nr() if torch.is_grad_enabled() else -1
+        self.fusion.start(True)
+
     def _post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if module is not self.top:
+            if module is self.region:  # the end of a compiled block's forward: its backward nodes fuse too
+                self.region = None
+                self.fusion.start(False)
+                if self.fwd_seq_lo >= 0:
+                    self.ranges.append((self.fwd_seq_lo, _next_sequence_nr()))
             return
         self._close_phase()
         self.top = None
         if self.phase == "eval":
             self.fusion.start(False)
-        else:
-            self.fusion.start(self.fusion.active)  # the backward graph is compiled too: a new region, no open group
+        elif self.fusion.active:  # the backward graph of the compiled forward is compiled too: a new region
+            self.fusion.start_backward(((self.fwd_seq_lo, _next_sequence_nr()),))
+        else:  # the blocks compiled inside an uncompiled model, if any
+            self.fusion.start_backward(tuple(self.ranges))
         if self.key is not None:
             self._begin("backward")
         else:
@@ -459,12 +495,15 @@ class PhaseTracker:
         self.scale = None
         self.args = _PREDICTED_ARGS
         self.backward_ran = self.stepped = self.accumulating = False
+        self.fusion.saved_s = 0.0
+        self.replayed = False
         if self.key is None or (phase == "backward" and self.frozen):  # See Note [Frozen parameters]
-            return
-        if self.fusion.active:  # See Note [Compiled regions]: profiles and phase predictions are eager steps
             return
         full = (*self.key, phase)
         target = self._target(full)
+        if target is not None and self.compiled_step:  # See Note [Compiled regions]: eager target x fused fraction
+            fraction = self.fused_fraction.get(full)
+            target = None if fraction is None else target * fraction
         prev = self.prev.get(full)
         if phase == "backward" and full in self.prev_plain:  # See Note [Accumulation steps]
             prev, self.accumulating = self.prev_plain[full], True
@@ -477,6 +516,9 @@ class PhaseTracker:
     def _close_phase(self) -> None:
         if self.key is not None and self.phase in ("forward", "backward") and self.sums[self.phase] > 0:
             self.prev[(*self.key, self.phase)] = self.sums[self.phase]
+            if self.compiled_step and not self.replayed:  # See Note [Compiled regions] in fusion.py
+                fused = self.sums[self.phase]
+                self.fused_fraction[(*self.key, self.phase)] = fused / (fused + self.fusion.saved_s)
             if self.phase == "backward" and self.backward_ran and not self.stepped:  # Note [Accumulation steps]
                 self.prev_plain[(*self.key, self.phase)] = self.sums[self.phase]
 
@@ -524,6 +566,13 @@ class PhaseTracker:
 def _label(key: tuple[str, int, str, str, str]) -> str:
     """Return "workload/batch/dtype[/channels_last]/phase" for a phase target (NCHW, the default, unnamed)."""
     return "/".join(str(part) for part in key if part != "nchw")
+
+
+def _next_sequence_nr() -> int:
+    """Return the autograd sequence number the next node made on this thread gets (replay's probe)."""
+    from gpemu.torch_backend.replay import _next_sequence_nr as probe
+
+    return probe()
 
 
 def model_from_env() -> str | None:

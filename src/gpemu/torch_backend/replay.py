@@ -261,6 +261,7 @@ class _ReadProgram:
 
 
 def _charge_chunks(emu: Any, index: int, chunks: list[Chunk]) -> None:
+    emu.phases.replayed = True  # its per-op sums are not the phase's (Note [Compiled regions] in fusion.py)
     items = []
     for c in chunks:
         duration_s, args = emu.phases.charge(c.predicted_s)
