@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import gpemu.torch_backend as gt
@@ -62,3 +63,27 @@ def test_fused_and_foreach_optimizer_kernels_hit_the_cache_whatever_their_float_
         assert len(emu_tensor._op_cache) == before + 2
     finally:
         gt.uninstall()
+
+
+def _conv_busy_us(gpu: str) -> float:
+    emu = gt.install(gpu)
+    try:
+        x, w = torch.empty(64, 32, 26, 26, device="cuda"), torch.empty(64, 32, 3, 3, device="cuda")
+        torch.cuda.synchronize()
+        busy0 = emu.devices[0].busy_s()
+        torch.nn.functional.conv2d(x, w)
+        torch.cuda.synchronize()
+        return (emu.devices[0].busy_s() - busy0) * 1e6
+    finally:
+        gt.uninstall()
+
+
+def test_a_second_install_with_another_gpu_prices_ops_for_that_gpu() -> None:
+    # Note [Caches per emulation]: a 3x3 fp32 convolution, 64 x 32 x 26 x 26 -> 64 channels, is 1.36 GFLOP:
+    # 156.2 us on a V100 (CUDA cores), 18.2 us on an A100 (TF32 tensor cores, torch's default for convolutions).
+    # Before, the A100 after the V100 in one process read the V100's cached 156.2 us
+    v100 = _conv_busy_us("v100")
+    a100 = _conv_busy_us("a100")
+    assert v100 == pytest.approx(156.2, abs=0.1)
+    assert a100 == pytest.approx(18.2, abs=0.1)
+    assert _conv_busy_us("v100") == pytest.approx(v100)  # and back again

@@ -88,8 +88,9 @@ def install(
     optim_replay.apply(_patcher)
     patch_module_call(emu, _patcher)
     emu.phases.install()
-    from gpemu.torch_backend.tensor import WaitsInsideOps, check_fp32_modes
+    from gpemu.torch_backend.tensor import WaitsInsideOps, check_fp32_modes, clear_op_caches
 
+    clear_op_caches()  # costs cached by an earlier emulation priced its GPU (Note [Caches per emulation])
     check_fp32_modes()  # costs cached under other TF32 flags are dropped (Note [FP32 math modes])
 
     waits = WaitsInsideOps()

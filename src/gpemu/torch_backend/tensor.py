@@ -471,6 +471,17 @@ def check_fp32_modes() -> tuple[bool, bool]:
     return modes
 
 
+# Note [Caches per emulation]: the op cache and the cost cache key an op by its arguments and device index, not by the
+# GPU: both hold the predicted time of the emulation that filled them. A second install() in one process with another
+# GPU (`for gpu in ("v100", "a100"): gpemu.install(gpu); ...`) kept pricing ops as the first GPU (a 3x3 fp32
+# convolution at 64 x 32 x 26 x 26 read V100's 156.2 us on the A100, whose own figure is 18.2 us). install() empties
+# both.
+def clear_op_caches() -> None:
+    """Forget every cached op cost and op-cache entry (Note [Caches per emulation])."""
+    _cost_cache.clear()
+    _op_cache.clear()
+
+
 def op_cost_s(func: Any, uargs: Any, ukwargs: Any, out: Any, index: int) -> float:
     """Return the predicted kernel time of one op on device `index`, cached by (op, shapes, dtypes, scalars)."""
     key = (func, index, _signature(uargs), _signature(ukwargs))
