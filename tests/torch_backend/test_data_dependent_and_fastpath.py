@@ -1,5 +1,5 @@
-"""Ops real scripts use whose output size or pricing needs a policy: bincount, repeat_interleave, allclose, and the
-nn.Transformer eval fast path."""
+"""Ops real scripts use whose output size or pricing needs a policy: bincount, repeat_interleave, unique, allclose,
+and the nn.Transformer eval fast path."""
 
 from __future__ import annotations
 
@@ -30,6 +30,31 @@ def test_value_sized_ops_fail_with_a_workaround(emu: gt.Emulation) -> None:
         torch.randn(8, 3, device="cuda").repeat_interleave(x, dim=0)
     # with the size given, it runs: 20 rows
     assert torch.randn(8, 3, device="cuda").repeat_interleave(x, dim=0, output_size=20).shape == (20, 3)
+
+
+def test_unique_answers_on_the_values_a_read_returns(emu: gt.Emulation) -> None:
+    # Note [Unique on read values]: labels copied from the host are known, so unique is the real answer
+    y = torch.tensor([3, 1, 3, 7, 1]).cuda()
+    values, inverse, counts = torch.unique(y, return_inverse=True, return_counts=True)
+    assert values.is_cuda and values.cpu().tolist() == [1, 3, 7]  # sorted distinct labels
+    assert inverse.cpu().tolist() == [1, 0, 1, 2, 0] and counts.cpu().tolist() == [2, 2, 1]
+    # computed labels read as zeros (as `.cpu().unique()` would see them): one value, counted 64 times
+    preds = (torch.randn(64, 10, device="cuda") @ torch.randn(10, 10, device="cuda")).argmax(-1)
+    values, counts = torch.unique(preds, return_counts=True)
+    assert values.shape == (1,) and counts.cpu().tolist() == [64]
+    assert torch.unique_consecutive(preds).shape == (1,)
+    assert torch.unique(torch.randn(4, 3, device="cuda"), dim=0).shape == (1, 3)  # four equal (zero) rows
+    assert emu.devices[0].clock.now() >= emu.current_stream(0).t_done  # the count reached the host: it waited
+
+
+def test_torchmetrics_label_validation_runs(emu: gt.Emulation) -> None:
+    # torchmetrics checks `len(torch.unique(t)) > num_classes` for integer preds and target (validate_args=True);
+    # Lightning Fabric's build_your_own_trainer example calls it every step (raised UnsupportedOpError before)
+    functional = pytest.importorskip("torchmetrics.functional")
+    logits = torch.randn(64, 10, device="cuda")
+    target = torch.randint(0, 10, (64,)).cuda()
+    acc = functional.accuracy(logits.argmax(-1), target, task="multiclass", num_classes=10, top_k=1)
+    assert acc.is_cuda and acc.shape == ()
 
 
 def test_allclose_answers_true_after_waiting(emu: gt.Emulation) -> None:

@@ -843,6 +843,68 @@ def test_outputs_viewing_one_storage_replay_as_views_with_per_op_time_and_memory
 
 
 
+class _ActorCritic(torch.nn.Module):
+    """Returns the action it is given beside what it computes, as Lightning Fabric's PPO agent does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.actor, self.critic = torch.nn.Linear(4, 2), torch.nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        log_prob = self.actor(x).log_softmax(-1).gather(1, action[:, None])
+        return action, log_prob, self.critic(x)
+
+
+def test_an_input_returned_as_an_output_replays_and_is_returned_itself(emu: gt.Emulation) -> None:
+    # Note [Inputs returned]: before, the action output (an input's storage) kept every call on the per-op path
+    # (replayed 0 of 5)
+    model = _ActorCritic().cuda()
+    opt = torch.optim.Adam(model.parameters())
+    replayed0 = emu.replay.replayed
+    for _ in range(5):
+        x, action = torch.randn(64, 4, device="cuda"), torch.zeros(64, dtype=torch.long, device="cuda")
+        out_action, log_prob, value = model(x, action)
+        assert out_action is action and log_prob.shape == (64, 1) and value.shape == (64, 1)
+        (log_prob.mean() + value.mean()).backward()
+        opt.step()
+        opt.zero_grad()
+    assert emu.replay.replayed - replayed0 == 3  # calls 1-2 record (they match), 3-5 replay
+
+
+class _CriticLast(torch.nn.Module):
+    """Returns (log_prob, value) with the value's path built last: its backward runs before log_prob's gradient."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.actor, self.critic = torch.nn.Linear(4, 2), torch.nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.actor(x).log_softmax(-1), self.critic(x)
+
+
+def _critic_last_busy(replay: bool) -> tuple[float, int]:
+    emu = gt.install("a100", replay=replay)
+    try:
+        model = _CriticLast().cuda()
+        x = torch.randn(64, 4, device="cuda")
+        for _ in range(4):
+            log_prob, value = model(x)
+            (log_prob.mean() + value.mean()).backward()
+        torch.cuda.synchronize()
+        return emu.devices[0].busy_s(), (emu.replay.replayed if emu.replay is not None else 0)
+    finally:
+        gt.uninstall()
+
+
+def test_a_later_outputs_backward_before_the_first_outputs_gradient_is_recorded() -> None:
+    # Note [First gradient]: the critic's addmm backward (mm + sum for its weight and bias) ran before log_prob's
+    # gradient opened the recording and was lost on replay: 2 replayed steps were short by those kernels
+    per_op, n_per_op = _critic_last_busy(False)
+    replay, n_replay = _critic_last_busy(True)
+    assert (n_per_op, n_replay) == (0, 2)  # steps 1-2 record, 3-4 replay
+    assert replay == pytest.approx(per_op, rel=1e-9)  # the same GPU work, critic backward included
+
+
 class _OffsetEmbedding(torch.nn.Embedding):
     """Sets a plain attribute before Module.__init__, as transformers 4.x OPTLearnedPositionalEmbedding does."""
 

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 import gpemu.torch_backend as gt
-from gpemu.errors import UnsupportedOpError
 
 
 def test_device_identity(emu: gt.Emulation) -> None:
@@ -55,15 +54,36 @@ def test_autograd_through_conv_bn_linear(emu: gt.Emulation) -> None:
     assert grad is not None and grad.shape == (8, 3, 3, 3) and grad.is_cuda
 
 
-def test_nonzero_policy_and_unique_error(emu: gt.Emulation) -> None:
+def test_nonzero_policy(emu: gt.Emulation) -> None:
     x = torch.rand(10, 4, device="cuda")  # computed: its values are unknown
     assert torch.nonzero(x).shape == (40, 2)  # worst case: all 10 * 4 = 40 elements selected
     emu.nonzero_fraction = 0.25
     assert x[x > 0].shape == (10,)  # ceil(40 * 0.25) = 10
     # a value the host knows selects its real count (Note [Nonzero bounds]): zeros select none
     assert torch.nonzero(torch.zeros(10, 4, device="cuda")).shape == (0, 2)
-    with pytest.raises(UnsupportedOpError, match="unique"):
-        torch.unique(x)
+
+
+def test_cpu_tensor_meeting_a_cuda_tensor_raises_as_on_a_gpu(emu: gt.Emulation) -> None:
+    # Note [Tensors on two devices]: a forgotten `.to(device)` dies on a GPU; it ran under gpemu before
+    emb = torch.nn.Embedding(100, 16).cuda()
+    with pytest.raises(RuntimeError, match="same device"):
+        emb(torch.randint(0, 100, (4, 8)))  # CPU token ids into a CUDA embedding (index_select on the card)
+    with pytest.raises(RuntimeError, match="same device"):
+        torch.nn.Linear(16, 4).cuda()(torch.randn(2, 16))
+    with pytest.raises(RuntimeError, match="same device"):
+        torch.nn.functional.nll_loss(torch.randn(4, 10, device="cuda"), torch.tensor([1, 2, 3, 4]))
+    with pytest.raises(RuntimeError, match="same device"):
+        torch.randn(3, device="cuda") + torch.randn(3)
+    # what a GPU accepts: a 0-dim CPU tensor (a scalar), CPU indices, copies, CTC's CPU lengths
+    x = torch.randn(5, 3, device="cuda")
+    assert (x * torch.tensor(2.0)).is_cuda and x[torch.tensor([0, 2])].shape == (2, 3)
+    x[torch.tensor([1])] = torch.zeros(1, 3, device="cuda")
+    x.copy_(torch.ones(5, 3))
+    logits = torch.randn(50, 4, 30, device="cuda", requires_grad=True)
+    lengths_in, lengths_tgt = torch.full((4,), 50, dtype=torch.long), torch.full((4,), 12, dtype=torch.long)
+    loss = torch.nn.functional.ctc_loss(logits.log_softmax(2), torch.randint(1, 30, (4, 12)), lengths_in, lengths_tgt)
+    loss.backward()
+    assert loss.is_cuda and logits.grad is not None
 
 
 def test_numpy_needs_cpu_like_cuda(emu: gt.Emulation) -> None:

@@ -31,7 +31,6 @@ from gpemu.torch_backend.patches import Patcher, apply
 from gpemu.torch_backend.phases import PhaseLookup, PhaseTracker, model_from_env
 from gpemu.torch_backend.replay import Replayer, patch_module_call, replay_enabled_from_env
 from gpemu.torch_backend.state import Emulation, ValueHook
-from gpemu.torch_backend.tensor import forget_op_costs
 from gpemu.units import parse_size
 
 _patcher: Patcher | None = None
@@ -72,7 +71,6 @@ def install(
     emu = Emulation(devices, trace=trace, model=model, value_hook=value_hook, nonzero_fraction=nonzero_fraction,
                     float_value=float_value)
     emu.phases = PhaseTracker(spec.key, model, profile_lookup)
-    forget_op_costs(spec.key)  # See Note [Op costs per GPU] in tensor.py
     state._set_current(emu)
     _patcher = Patcher()
     apply(emu, _patcher)
@@ -90,8 +88,9 @@ def install(
     optim_replay.apply(_patcher)
     patch_module_call(emu, _patcher)
     emu.phases.install()
-    from gpemu.torch_backend.tensor import WaitsInsideOps, check_fp32_modes
+    from gpemu.torch_backend.tensor import WaitsInsideOps, check_fp32_modes, clear_op_caches
 
+    clear_op_caches()  # costs cached by an earlier emulation priced its GPU (Note [Caches per emulation])
     check_fp32_modes()  # costs cached under other TF32 flags are dropped (Note [FP32 math modes])
 
     waits = WaitsInsideOps()

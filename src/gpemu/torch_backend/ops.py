@@ -454,7 +454,7 @@ def _record_stream(func: Any, args: Any, kwargs: Any) -> Any:
 # indexing) cannot be shaped from metadata. gpemu assumes a fraction `nonzero_fraction` (default 1.0: the worst case,
 # so memory is never under-estimated) of the elements are selected; set it with install(nonzero_fraction=...) or
 # GPEMU_NONZERO_FRACTION. A real GPU also synchronises the host for these ops (the size must reach the host), so
-# they wait for the stream. `unique` and friends have no sensible fraction and raise UnsupportedOpError.
+# they wait for the stream. `unique` and friends answer on read values instead (Note [Unique on read values]).
 
 
 def _selected(numel: int, mask: Any = None) -> int:
@@ -689,15 +689,36 @@ SPECIAL[aten._is_all_true.default] = _all_any  # torch.distributions' argument v
 SPECIAL[aten._is_any_true.default] = _all_any
 
 
-def _unsupported_unique(func: Any, args: Any, kwargs: Any) -> Any:
-    raise UnsupportedOpError(
-        f"gpemu cannot emulate aten op {func}: its output size depends on tensor values, which are not computed. "
-        "Workaround: compute it on CPU (`t.cpu().unique()`), or pass sizes known in advance."
-    )
-
-
-for _op in (aten._unique2.default, aten.unique_dim.default, aten.unique_consecutive.default, aten._unique.default):
-    SPECIAL[_op] = _unsupported_unique
+# Note [Unique on read values]: `torch.unique` and friends size their outputs by the input's values. gpemu answers
+# them on the values a host read of the input returns: the known value (labels copied from the host: the real
+# answer), else what `.cpu()` would read (zeros, the value hook's or GPEMU_FLOAT_VALUE's answer), so `t.unique()` on
+# the device agrees with `t.cpu().unique()` under gpemu. torchmetrics validates every integer-label metric call this
+# way (`len(torch.unique(target)) > num_classes` raises; `validate_args=True` is its default): its functional
+# `accuracy(logits.argmax(-1), y, task="multiclass", num_classes=10)` died with UnsupportedOpError before (Lightning
+# Fabric's build_your_own_trainer example). Outputs up to 64 KiB keep their values (a later read of the counts is
+# right), the op is charged as a sort of the input, and the host waits for it: CUDA copies the unique count to the host.
+@_special(aten._unique2.default, aten.unique_dim.default, aten.unique_consecutive.default, aten._unique.default)
+def _unique(func: Any, args: Any, kwargs: Any) -> Any:
+    x = args[0]
+    value = known_value(x) if _known else None
+    sources: frozenset[int] = frozenset()
+    expr: HostExpr | None = None
+    if value is None:  # a default answer (Note [Reading computed values])
+        value = host_value(tuple(x.shape), x.dtype, "torch.unique")
+    else:
+        sources, expr = known_sources(x), HostExpr(func, (_operand(x), *args[1:]), kwargs)
+    outs = func(value, *args[1:], **kwargs)
+    index = x._index
+    charge(index, func, op_cost_s(aten.sort.default, (to_meta(x),), {}, (to_meta(x), to_meta(x)), index))
+    _sync(index, "unique (data-dependent size)")
+    wrapped = []
+    for i, o in enumerate(outs):
+        w = wrap(torch.empty(o.shape, dtype=o.dtype, device=META), index, tag="unique")
+        if _nbytes(o) <= KNOWN_VALUE_MAX_BYTES:
+            set_known_value(w, o, default=expr is None, sources=sources,
+                            expr=None if expr is None else HostExpr(func, expr.args, kwargs, index=i))
+        wrapped.append(w)
+    return tuple(wrapped)
 
 
 def _inplace_view(func: Any, args: Any, kwargs: Any) -> Any:

@@ -558,12 +558,28 @@ def apply(emu: state.Emulation, patcher: Patcher) -> None:
         if hasattr(clip_grad, "_device_has_foreach_support"):  # imported by name there
             patcher.set(clip_grad, "_device_has_foreach_support", has_support)
     patcher.set(torch, "compile", _eager_compile)
+    patcher.set(torch, "ctc_loss", _ctc_loss_with_host_lengths(torch.ctc_loss))
     import torch.backends.mha as mha
 
     if hasattr(mha, "get_fastpath_enabled"):  # See Note [Transformer fast path]
         patcher.set(mha, "get_fastpath_enabled", lambda: False)
     if hasattr(torch.nn.Module, "compile"):
         patcher.set(torch.nn.Module, "compile", _eager_module_compile)
+
+
+def _ctc_loss_with_host_lengths(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """Return torch.ctc_loss that passes CPU length tensors as lists, as torch's own path for plain tensors does
+    (Note [Tensors on two devices] in tensor.py: its subclass path divides the device losses by the CPU lengths)."""
+
+    @functools.wraps(orig)
+    def ctc_loss(log_probs: Any, targets: Any, input_lengths: Any, target_lengths: Any, *args: Any,
+                 **kwargs: Any) -> Any:
+        if isinstance(log_probs, EmuTensor) and all(
+                type(t) is torch.Tensor and t.device.type == "cpu" for t in (input_lengths, target_lengths)):
+            input_lengths, target_lengths = input_lengths.tolist(), target_lengths.tolist()
+        return orig(log_probs, targets, input_lengths, target_lengths, *args, **kwargs)
+
+    return ctc_loss
 
 
 def _foreach_device_check(orig: Any) -> Any:

@@ -386,11 +386,50 @@ class _Unwrapper:
         return x
 
 
-def unwrap_all(args: Any, kwargs: Any) -> tuple[Any, Any, int, dict[int, EmuTensor]]:
-    """Return (meta args, meta kwargs, device index, {id(inner): wrapper}) for one op call."""
+# Note [Tensors on two devices]: on a GPU, an op given a CUDA tensor and a CPU tensor of one or more dimensions
+# raises "Expected all tensors to be on the same device" (torch's dispatcher device check and TensorIterator; a 0-dim
+# CPU tensor passes as a scalar). gpemu turned every CPU argument into a meta tensor, so a script that forgot a
+# `.to(device)` ran here and died on the card: Lightning Fabric's transformer example without setup_dataloaders
+# (`model(input)` with CPU token ids into a CUDA embedding), `nll_loss(cuda_logits, cpu_target)`. The same error is
+# raised for a CPU tensor of one or more dimensions among an op's direct arguments; ops whose CUDA kernels take CPU
+# tensors (indexing with CPU indices, copies, packed-sequence lengths, CTC lengths) are exempt. Tensors inside lists
+# (cat, foreach) are not checked. torch.ctc_loss with CPU length tensors: for plain tensors torch reads the lengths
+# on the host and builds the mean's divisor on the device, but for a tensor subclass it takes a composite path that
+# divides the CUDA losses by the CPU lengths (forward and backward); gpemu's torch.ctc_loss passes CPU lengths as
+# lists, the plain path's own step (patches.py).
+_CROSS_DEVICE_OK = frozenset((
+    "aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_", "aten::_unsafe_index",
+    "aten::_unsafe_index_put", "aten::copy_", "aten::_copy_from", "aten::_copy_from_and_resize", "aten::_to_copy",
+    "aten::to", "aten::set_", "aten::lift_fresh", "aten::lift_fresh_copy", "aten::_pack_padded_sequence",
+    "aten::_pad_packed_sequence", "aten::_cudnn_rnn", "aten::_cudnn_rnn_backward", "aten::ctc_loss",
+    "aten::_ctc_loss", "aten::_ctc_loss_backward", "aten::_cudnn_ctc_loss", "aten::_use_cudnn_ctc_loss",
+    "aten::record_stream", "aten::is_pinned", "aten::_pin_memory", "aten::is_same_size",
+    "aten::_has_compatible_shallow_copy_type",
+))
+
+
+def _check_devices(func: Any, values: Any, index: int) -> None:
+    """Raise torch's error when a CPU tensor of one or more dimensions meets an emulated one in one op (Note [Tensors
+    on two devices])."""
+    for v in values:
+        if type(v) is not EmuTensor and isinstance(v, torch.Tensor) and v.dim() and v.device.type == "cpu":
+            if func._schema.name in _CROSS_DEVICE_OK:
+                return
+            raise RuntimeError(
+                f"Expected all tensors to be on the same device, but found at least two devices, cuda:{index} and "
+                f"cpu! (gpemu: in {func}, as a GPU raises it)")
+
+
+def unwrap_all(args: Any, kwargs: Any, func: Any = None) -> tuple[Any, Any, int, dict[int, EmuTensor]]:
+    """Return (meta args, meta kwargs, device index, {id(inner): wrapper}) for one op call; with `func`, a CPU tensor
+    argument raises as on a GPU (Note [Tensors on two devices])."""
     u = _Unwrapper()
     uargs = tuple(u.one(a) for a in args)
     ukwargs = {k: u.one(v) for k, v in kwargs.items()} if kwargs else {}
+    if func is not None and u.wrappers:
+        _check_devices(func, args, u.index if u.index is not None else 0)
+        if kwargs:
+            _check_devices(func, kwargs.values(), u.index if u.index is not None else 0)
     if ukwargs.get("pin_memory"):
         ukwargs["pin_memory"] = False
     index = u.index if u.index is not None else state.require().current_device()
@@ -432,21 +471,15 @@ def check_fp32_modes() -> tuple[bool, bool]:
     return modes
 
 
-def forget_op_costs(spec_key: str) -> None:
-    """Forget cached op costs and output plans when an emulation of another GPU starts (Note [Op costs per GPU])."""
-    global _costs_for
-    if spec_key != _costs_for:
-        _cost_cache.clear()
-        _op_cache.clear()
-        _costs_for = spec_key
-
-
-# Note [Op costs per GPU]: the op caches are keyed by the op, its shapes and the device index, not by the GPU, and
-# outlive an emulation (a second install reuses them: the same script's shapes cost the same). A process that
-# installed one GPU and then another -- a notebook comparing GPUs, the test suite -- priced the second GPU's ops at
-# the first one's costs wherever the shapes repeated (resnet18's SGD step after an A100 run read 2.4 ms slower on an
-# H100). install() now forgets them when the GPU changes.
-_costs_for: str | None = None
+# Note [Caches per emulation]: the op cache and the cost cache key an op by its arguments and device index, not by the
+# GPU: both hold the predicted time of the emulation that filled them. A second install() in one process with another
+# GPU (`for gpu in ("v100", "a100"): gpemu.install(gpu); ...`) kept pricing ops as the first GPU (a 3x3 fp32
+# convolution at 64 x 32 x 26 x 26 read V100's 156.2 us on the A100, whose own figure is 18.2 us). install() empties
+# both.
+def clear_op_caches() -> None:
+    """Forget every cached op cost and op-cache entry (Note [Caches per emulation])."""
+    _cost_cache.clear()
+    _op_cache.clear()
 
 
 def op_cost_s(func: Any, uargs: Any, ukwargs: Any, out: Any, index: int) -> float:
@@ -923,7 +956,7 @@ def run_op(func: Any, args: Any, kwargs: Any) -> Any:
                 return meta[0](None if m is None else m.value if type(m) is _Const else fresh_on(
                     m[0], m[1], m[2], index, tag, malloc, stream_id) for m in meta[1])
             return args[0] if kind == _ARG0 else None
-    uargs, ukwargs, index, wrappers = unwrap_all(args, kwargs)
+    uargs, ukwargs, index, wrappers = unwrap_all(args, kwargs, func)
     if emu.autocast_seen:
         from gpemu.torch_backend.autocast import adjust_for_autocast
 
