@@ -148,14 +148,14 @@ def test_the_run_report_says_which_models_ran_compiled() -> None:
 
 
 def test_module_compile_method_marks_the_module_compiled() -> None:
-    from gpemu.torch_backend.fusion import is_compiled
+    from gpemu.torch_backend.fusion import compiled_module
 
     gt.install("a100")
     try:
         model = torch.nn.Linear(4, 4).cuda()
-        assert not is_compiled(model)
+        assert compiled_module(model) is None
         model.compile()  # nn.Module.compile: torch.compile(self._call_impl), eager under gpemu
-        assert is_compiled(model) and is_compiled(torch.nn.DataParallel(model))
+        assert compiled_module(model) is model and compiled_module(torch.nn.DataParallel(model)) is model
         assert model(torch.randn(2, 4, device="cuda")).shape == (2, 4)
     finally:
         gt.uninstall()

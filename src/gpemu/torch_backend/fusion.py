@@ -80,11 +80,6 @@ def compiled_module(module: torch.nn.Module) -> torch.nn.Module | None:
     return None
 
 
-def is_compiled(module: torch.nn.Module) -> bool:
-    """Return True when torch.compile was applied to `module` or to the module a DP / DDP wrapper holds."""
-    return compiled_module(module) is not None
-
-
 class FusionGroups:
     """The running group of fusible ops of a compiled region (Note [Compiled regions])."""
 
