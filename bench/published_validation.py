@@ -15,8 +15,9 @@ Four tables:
      rows]) and BERT-base/large SQuAD fine-tuning sequences/s (bench/_bert_squad.py) on 12 GPUs, Volta to Hopper,
      with errors per dtype and per GPU generation.
 Tables 2 to 4 are not used by any fit. Caveats the tables cannot hide: NVIDIA's numbers are whole pipelines (DALI
-data loading, their training script), and gpemu's inference forward is priced like a training-mode forward (batch
-norm in training mode: three passes where eval mode makes two). Prints errors, not verdicts.
+data loading, their training script); inference rows are priced as gpemu's "inference" phase (model.eval() under
+torch.no_grad(): Note [Inference forward] in gpemu/workloads/optrace.py; until session 10 they were priced as
+training-mode forwards). Prints errors, not verdicts.
 --write stores the errors of the 16-bit / TF32 whole-model rows (tables 3 and 4) and of the layer and SQuAD rows in
 src/gpemu/cost/expected_error.json (Note [Expected error] in gpemu/cost/expected_error.py): no measured row in
 ../shared/data has tensor cores, so these are what `gpemu predict` shows beside a tf32/fp16/bf16/amp figure.
@@ -347,7 +348,8 @@ def layer_rows(params: CostParams) -> list[dict[str, object]]:
 def predicted_images_per_s(ref: Reference) -> float:
     """Return gpemu's predicted images per second for one reference configuration."""
     fmt = "channels_last" if ref.layout == "NHWC" else "nchw"
-    seconds = predict_phase(ref.gpu, ref.model, "forward", ref.batch_size, ref.dtype, memory_format=fmt).value
+    phase = "forward" if ref.mode == "train" else "inference"  # eval mode, no_grad (Note [Inference forward])
+    seconds = predict_phase(ref.gpu, ref.model, phase, ref.batch_size, ref.dtype, memory_format=fmt).value
     if ref.mode == "train":
         seconds += predict_phase(ref.gpu, ref.model, "backward", ref.batch_size, ref.dtype, memory_format=fmt).value
     return ref.batch_size / seconds

@@ -10,6 +10,9 @@ class GpemuError(Exception):
     """Base class for errors that are the user's input, not a bug (the CLI prints them without a traceback)."""
 
 
+_LISTED_BY_CLI = frozenset({"gpu", "model"})  # `gpemu gpus`, `gpemu models`
+
+
 class UnknownNameError(GpemuError, KeyError):
     """An unknown GPU, model, phase or dtype name."""
 
@@ -19,7 +22,11 @@ class UnknownNameError(GpemuError, KeyError):
         self.choices = sorted(set(choices))
         close = closest(name, self.choices)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
-        super().__init__(f"unknown {what} {name!r}{hint} (see the full list with `gpemu {what}s`)")
+        if what in _LISTED_BY_CLI:  # long lists have a command; short ones are spelled out
+            full = f"see the full list with `gpemu {what}s`"
+        else:
+            full = f"one of {', '.join(self.choices)}"
+        super().__init__(f"unknown {what} {name!r}{hint} ({full})")
 
     def __str__(self) -> str:
         return str(self.args[0])

@@ -57,7 +57,7 @@ def test_gpus_lists_the_catalog() -> None:
 
 def test_predict_acceptance(imported: Path) -> None:
     out = _predict("--gpu", "v100", "--model", "resnet50", "--batch-size", "128")
-    assert set(out) == {"gpu", "model", "batch_size", "dtype", "memory_format", "seq_len", "phases", "memory",
+    assert set(out) == {"gpu", "model", "batch_size", "dtype", "memory_format", "mode", "seq_len", "phases", "memory",
                         "published_bias"}
     assert out["seq_len"] is None  # an image model
     assert (out["gpu"], out["model"], out["batch_size"], out["dtype"]) == ("v100-pcie-32gb", "resnet50", 128, "fp32")
@@ -81,6 +81,17 @@ def test_predict_channels_last_scales_the_nchw_profile(imported: Path) -> None:
     assert fwd["path"] == "scaled-from:v100-pcie-32gb" and fwd["seconds"] > 0.1193  # the measured NCHW forward
     result = runner.invoke(app, ["predict", "-g", "v100", "-m", "resnet50", "-b", "8", "--memory-format", "nhwc"])
     assert result.exit_code != 0 and "channels_last" in result.output
+
+
+def test_predict_infer_mode_scales_the_training_forward(imported: Path) -> None:
+    # Note [Inference forward]: an eval-mode, no_grad forward is the measured training forward (0.1193 s) times
+    # model(inference) / model(training forward) on the same GPU: batch norm reads x once less, no bookkeeping ops
+    out = _predict("--gpu", "v100", "--model", "resnet50", "--batch-size", "128", "--mode", "infer")
+    assert out["mode"] == "infer" and set(out["phases"]) == {"inference", "h2d"}
+    inf = out["phases"]["inference"]
+    assert inf["path"] == "scaled-from:v100-pcie-32gb" and 0.09 < inf["seconds"] < 0.1193
+    result = runner.invoke(app, ["predict", "-g", "v100", "-m", "resnet50", "-b", "8", "--mode", "eval"])
+    assert result.exit_code == 2 and "infer, train" in result.output
 
 
 def test_predict_interpolates_in_a_profile_with_gaps(profile_dir: Path) -> None:

@@ -142,10 +142,12 @@ def predict(
                                            "model.to(memory_format=torch.channels_last))."),
     seq_len: int = typer.Option(0, "--seq-len", help="Tokens per sample for a language model (default 512; "
                                                       "the same as --model gpt2@1024)."),
+    mode: str = typer.Option("train", "--mode", help="train (one training step: forward, backward) or infer (one "
+                                                     "inference forward: model.eval() under torch.no_grad())."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
 ) -> None:
-    """Predict per-phase seconds of one training step (forward, backward, input H2D), where each came from and how far
-    that path has been off on held-out real measurements."""
+    """Predict per-phase seconds of one training step (forward, backward, input H2D) or inference forward, where each
+    came from and how far that path has been off on held-out real measurements."""
     from gpemu.profiles import GpemuWarning
     from gpemu.profiles.step import predict_step
 
@@ -160,7 +162,7 @@ def predict(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", GpemuWarning)
         try:
-            out = predict_step(gpu, model, batch_size, dtype, memory_format=memory_format)
+            out = predict_step(gpu, model, batch_size, dtype, memory_format=memory_format, mode=mode)
         except GpemuError as exc:
             raise _fail(exc) from exc
     for w in caught:
@@ -171,6 +173,7 @@ def predict(
         return
     fmt = "" if memory_format == "nchw" else f", {memory_format}"
     fmt += "" if out.get("seq_len") is None else f", {out['seq_len']} tokens per sample"
+    fmt += ", inference" if mode == "infer" else ""
     table = Table(title=f"{out['model']} on {out['gpu']}, batch {out['batch_size']}, {out['dtype']}{fmt}")
     for col in ("phase", "seconds", "source", "expected |error|", "from"):
         table.add_column(col)

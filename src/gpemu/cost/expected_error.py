@@ -88,11 +88,14 @@ def expected_error(path: str, kind: str, phase: str, dtype: str = "fp32", model_
     if not entry:
         return None
     figures = entry.get(phase) or entry.get("step")
+    basis = entry["basis"]
+    if not figures and phase == "inference" and entry.get("forward"):  # Note [Inference forward] in optrace.py
+        figures, basis = entry["forward"], f"{basis}; training-mode forward rows (no measured inference row)"
     if not figures:
         return None
     note = table.get("published_note" if key and key.startswith("published") else "note", "expected_error.json")
     return ExpectedError(float(figures["median_abs_pct"]), float(figures["p90_abs_pct"]), int(figures["rows"]),
-                         f"{entry['basis']} ({note})")
+                         f"{basis} ({note})")
 
 
 # Note [Published bias per GPU]: the published rows also say how gpemu leans on one GPU. On the GDDR boards (RTX

@@ -30,7 +30,7 @@ from gpemu.hardware import GPUSpec, get_gpu, list_gpus
 
 MEMORY_FORMATS: tuple[str, ...] = ("nchw", "channels_last")  # as gpemu.workloads.optrace.MEMORY_FORMATS
 
-PREDICT_PHASES: tuple[str, ...] = ("forward", "backward", "backward_only", "optimizer")
+PREDICT_PHASES: tuple[str, ...] = ("forward", "backward", "backward_only", "optimizer", "inference")
 _BASE_BATCHES = (2, 4)  # traced batch sizes from which per-op FLOPs/bytes are extended linearly in the batch size
 
 
@@ -48,7 +48,12 @@ def batch_linear_ops(model: str, dtype: str = "fp32", optimizer: str = "sgd-gpem
     Every op of a training step is per-sample work plus batch-independent work (weights, weight gradients), so
     flops(B) = f0 + f1*B exactly; this lets one pair of cached traces price every batch size.
     """
-    from gpemu.workloads.optrace import trace_training_step
+    from gpemu.workloads.optrace import INFERENCE, trace_inference, trace_training_step
+
+    def trace(batch_size: int) -> list[Any]:
+        if optimizer == INFERENCE:  # Note [Inference forward] in gpemu.workloads.optrace
+            return trace_inference(model, batch_size, dtype, memory_format=memory_format)
+        return trace_training_step(model, batch_size, dtype, optimizer, memory_format=memory_format)
 
     if dtype == "tf32":  # fp32 tensors; conv/matmul run on TF32 tensor cores (torch.backends.*.allow_tf32 = True)
         base = batch_linear_ops(model, "fp32", optimizer, memory_format)
@@ -56,8 +61,7 @@ def batch_linear_ops(model: str, dtype: str = "fp32", optimizer: str = "sgd-gpem
         return replace(base, dtype=["tf32" if c in compute else d for c, d in zip(base.category, base.dtype,
                                                                                    strict=True)])
     b1, b2 = _BASE_BATCHES
-    r1 = trace_training_step(model, b1, dtype, optimizer, memory_format=memory_format)
-    r2 = trace_training_step(model, b2, dtype, optimizer, memory_format=memory_format)
+    r1, r2 = trace(b1), trace(b2)
     if [r.name for r in r1] != [r.name for r in r2]:
         raise GpemuError(f"{model}: the op sequence changes with the batch size; cannot extend it linearly")
     a1, a2 = op_arrays(r1), op_arrays(r2)
@@ -65,7 +69,7 @@ def batch_linear_ops(model: str, dtype: str = "fp32", optimizer: str = "sgd-gpem
         # Note [Tensor-core flags at training batch sizes]: a GEMM over batch x tokens rows (ViT's 197 tokens) is
         # misaligned at batch 2 and 4 but aligned at any multiple of 8, the batch sizes people train with; take
         # the flag from a batch-8 trace (the flag is the one per-op column that is not linear in the batch).
-        r8 = trace_training_step(model, 8, dtype, optimizer, memory_format=memory_format)
+        r8 = trace(8)
         if [r.name for r in r8] == [r.name for r in r1]:
             a1.tensor_core = a1.tensor_core | op_arrays(r8).tensor_core
     f1 = (a2.flops - a1.flops) / (b2 - b1)
@@ -80,7 +84,7 @@ def batch_linear_ops(model: str, dtype: str = "fp32", optimizer: str = "sgd-gpem
 
 
 def _phase_mask(ops: OpArrays, phase: str) -> np.ndarray:
-    if phase == "forward":
+    if phase in ("forward", "inference"):  # an inference trace is all forward (Note [Inference forward])
         return ops.phase == 0
     if phase == "backward":
         return ops.phase >= 1
@@ -100,7 +104,12 @@ def model_phase_seconds(spec: GPUSpec, model: str, phase: str, batch_sizes: Sequ
                         memory_format: str = "nchw") -> np.ndarray:
     """Return the time model's seconds for one phase at each batch size (no profile involved)."""
     params = params or load_params()
-    all_ops = batch_linear_ops(model, dtype, memory_format=memory_format)
+    if phase == "inference":  # Note [Inference forward] in gpemu.workloads.optrace
+        from gpemu.workloads.optrace import INFERENCE
+
+        all_ops = batch_linear_ops(model, dtype, INFERENCE, memory_format)
+    else:
+        all_ops = batch_linear_ops(model, dtype, memory_format=memory_format)
     ops = compress_views(_subset(all_ops, _phase_mask(all_ops, phase)))
     cols = spec_columns(ops, spec, params.tc_eff, params.m_stream)
     p, f = params.shared, params.factors(spec, use_per_gpu)
@@ -111,7 +120,7 @@ def model_phase_seconds(spec: GPUSpec, model: str, phase: str, batch_sizes: Sequ
     act = ops.relayout_at_batch(batches)
     with torch.no_grad():
         kern = kernel_seconds(flops, nbytes, cols, p, f, act)
-        out = phase_seconds(kern, host_seconds(ops, p, f), p, phase)
+        out = phase_seconds(kern, host_seconds(ops, p, f), p, "forward" if phase == "inference" else phase)
     return out.numpy()
 
 
@@ -219,7 +228,11 @@ def predict_phase(gpu: GPUSpec | str, workload: str, phase: str, batch_size: int
     if memory_format not in MEMORY_FORMATS:
         raise GpemuError(f"unknown memory format {memory_format!r}: use one of {', '.join(MEMORY_FORMATS)}")
     nchw = memory_format == "nchw"
-    if db is not None and spec.key not in exclude_gpus and nchw:
+    # measured rows are NCHW training forwards / backwards: for NHWC or an inference forward they are only sources,
+    # scaled by the model's ratio, and Y's own row is one of them (Note [Inference forward] in workloads/optrace.py)
+    src_phase = "forward" if phase == "inference" else phase
+    own_row_is_answer = nchw and phase != "inference"
+    if db is not None and spec.key not in exclude_gpus and own_row_is_answer:
         hit = _profile_estimate(db, spec, workload, phase, batch_size, dtype)
         if hit is not None:
             return hit
@@ -227,24 +240,26 @@ def predict_phase(gpu: GPUSpec | str, workload: str, phase: str, batch_size: int
     own = float(model_phase_seconds(spec, workload, phase, [batch_size], dtype, params,
                                     memory_format=memory_format)[0])
     rows = _db_rows(db) if db is not None else None
-    if rows is not None and phase in ("forward", "backward"):
-        measured = {k: v for k, v in _measured_on(rows, workload, phase, batch_size, dtype).items()
-                    if (k != spec.key or not nchw) and k not in exclude_gpus}
-        sources = {k for k in _measured_gpus(rows, workload, phase, dtype) if k != spec.key and k not in exclude_gpus}
+    if rows is not None and src_phase in ("forward", "backward"):
+        measured = {k: v for k, v in _measured_on(rows, workload, src_phase, batch_size, dtype).items()
+                    if (k != spec.key or not own_row_is_answer) and k not in exclude_gpus}
+        sources = {k for k in _measured_gpus(rows, workload, src_phase, dtype)
+                   if k != spec.key and k not in exclude_gpus}
         # own NCHW row: channels_last; else the nearest GPU that measured this workload, if it has this batch size
         x_key = spec.key if spec.key in measured else nearest(spec, sources)  # Note [Nearest source or the spec model]
         if x_key is not None and x_key in measured:
             x_spec = get_gpu(x_key)
-            x_model = float(model_phase_seconds(x_spec, workload, phase, [batch_size], dtype, params)[0])
+            x_model = float(model_phase_seconds(x_spec, workload, src_phase, [batch_size], dtype, params)[0])
             if spec.key not in params.per_gpu:  # See Note [Borrowed factors]
                 own = float(model_phase_seconds(spec, workload, phase, [batch_size], dtype,
                                                 borrow_factors(params, spec.key, x_key),
                                                 memory_format=memory_format)[0])
             value = measured[x_key] * own / x_model
-            return Estimate(value, "s", "predicted", source=f"{x_key} measured {measured[x_key]:.6g} s x model "
-                            f"ratio {own / x_model:.4g}", path=f"scaled-from:{x_key}",
+            return Estimate(value, "s", "predicted", source=f"{x_key} measured {measured[x_key]:.6g} s "
+                            f"({src_phase}) x model ratio {own / x_model:.4g}", path=f"scaled-from:{x_key}",
                             details={"from_gpu": x_key, "measured_s": measured[x_key], "model_y_s": own,
-                                     "model_x_s": x_model, "memory_format": memory_format})
+                                     "model_x_s": x_model, "memory_format": memory_format,
+                                     "source_phase": src_phase})
     factor_source = params.factor_source(spec)
     factors = ("its own fitted factors" if factor_source == spec.key else
                f"factors of {factor_source} (nearest fitted GPU)" if factor_source else "no per-GPU factors")

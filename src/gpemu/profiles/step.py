@@ -160,12 +160,19 @@ def phase_expected_error(est: Estimate, model: str, phase: str, dtype: str) -> A
     return expected_error(est.path, est.kind, phase, dtype, workload_kind(model), model in seen_models())
 
 
+MODES: tuple[str, ...] = ("train", "infer")
+
+
 def predict_step(
     gpu: str | GPUSpec, model: str, batch_size: int, dtype: str = "fp32", db: ProfileDB | None = None,
-    memory_format: str = "nchw",
+    memory_format: str = "nchw", mode: str = "train",
 ) -> dict[str, Any]:
     """Return the `gpemu predict --json` object: per-phase seconds with their source, and memory (or None);
-    memory_format "channels_last" prices an NHWC model (Note [Layout cost] in gpemu.cost.model)."""
+    memory_format "channels_last" prices an NHWC model (Note [Layout cost] in gpemu.cost.model); mode "infer" prices
+    one inference forward (model.eval(), no_grad: Note [Inference forward] in gpemu.workloads.optrace) instead of a
+    training step's forward and backward."""
+    if mode not in MODES:
+        raise UnknownNameError("mode", mode, MODES)
     spec = get_gpu(gpu)
     db = ProfileDB.default() if db is None else db
     if dtype not in DTYPES:
@@ -175,21 +182,29 @@ def predict_step(
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
         raise GpemuError(f"batch size must be an integer >= 1, got {batch_size!r}")
     check_model(model, db)
-    phases = {
-        "forward": phase_estimate(spec, model, "forward", batch_size, dtype, db, memory_format),
-        "backward": phase_estimate(spec, model, "backward", batch_size, dtype, db, memory_format),
-        "h2d": h2d_estimate(spec, model, batch_size, dtype, db),
-    }
+    if mode == "infer":  # profiles hold training phases: an inference forward is always the cost model's
+        phases = {"inference": _predicted_phase(spec, model, "inference", batch_size, dtype, db, memory_format)}
+        memory: dict[str, Any] | None = {
+            "peak_mib": None, "persistent_mib": None, "source": "missing",
+            "provenance": "not simulated for inference (gpemu.memory simulates training steps)"}
+    else:
+        phases = {
+            "forward": phase_estimate(spec, model, "forward", batch_size, dtype, db, memory_format),
+            "backward": phase_estimate(spec, model, "backward", batch_size, dtype, db, memory_format),
+        }
+        memory = memory_estimate(spec, model, batch_size, dtype, db)
+    phases["h2d"] = h2d_estimate(spec, model, batch_size, dtype, db)
     return {
         "gpu": spec.key,
         "model": model,
         "batch_size": batch_size,
         "dtype": dtype,
         "memory_format": memory_format,
+        "mode": mode,
         "seq_len": _seq_len_or_none(model),
         "phases": {name: _json_phase(est, phase_expected_error(est, model, name, dtype) if name != "h2d" else None)
                    for name, est in phases.items()},
-        "memory": memory_estimate(spec, model, batch_size, dtype, db),
+        "memory": memory,
         "published_bias": _published_bias(spec.key, workload_kind(model)),
     }
 

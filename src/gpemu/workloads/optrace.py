@@ -30,6 +30,14 @@ OPTIMIZERS: tuple[str, ...] = ("sgd", "sgd-gpemu", "adam", "adamw")
 # _foreach_zero_), backward accumulates into them (one add_ per parameter), and SGD-momentum runs the per-parameter
 # loop (mul_, add_ on the momentum buffer, add_ on the parameter). The calibration fits on "sgd-gpemu" traces.
 TRACE_PHASES: tuple[str, ...] = ("forward", "backward", "optimizer")
+INFERENCE = "inference"  # the "optimizer" slot of an inference trace's cache key: Note [Inference forward]
+# Note [Inference forward]
+# An inference forward is not a training forward without the backward: model.eval() switches batch norm to its
+# running statistics (one read and one write of the activations, where training mode also reduces over the batch for
+# the mean and variance and saves them), dropout to the identity (no mask drawn, nothing written), and torch.no_grad()
+# keeps autograd from saving anything. trace_inference records that forward (eval mode, no_grad, autocast for "amp"),
+# as timm's benchmark.py, torchvision's reference evaluation and serving code run it; its ops carry phase "forward"
+# and are priced with the forward phase's constants (gpemu.cost.predict, phase "inference").
 MEMORY_FORMATS: tuple[str, ...] = ("nchw", "channels_last")  # "nchw" = torch.contiguous_format
 InputsFn = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
 
@@ -251,14 +259,19 @@ def _trace_uncached(model: nn.Module, name: str, batch_size: int, dtype: str, op
         model = model.to(memory_format=torch.channels_last)
         if inputs.dim() == 4:
             inputs = inputs.contiguous(memory_format=torch.channels_last)
+    amp = {"amp": torch.float16, "amp_bf16": torch.bfloat16}.get(dtype)
+    recorder = _Recorder()
+    if optimizer == INFERENCE:  # See Note [Inference forward]
+        model.eval()
+        with torch.no_grad(), _routing(amp), recorder:
+            model(inputs)
+        return recorder.records
     params = [p for p in model.parameters() if p.requires_grad]
     opt = _make_optimizer(optimizer, params)
     legacy = optimizer == "sgd-gpemu"  # See Note [GPEmu-era step]
     if legacy:
         for p in params:
             p.grad = torch.zeros_like(p)
-    amp = {"amp": torch.float16, "amp_bf16": torch.bfloat16}.get(dtype)
-    recorder = _Recorder()
     with _routing(amp), recorder:
         out = model(inputs)
         if not isinstance(out, torch.Tensor):  # e.g. GoogLeNetOutputs / dicts: train on the main logits
@@ -342,6 +355,19 @@ def trace_training_step(model_name_or_module: str | nn.Module, batch_size: int, 
     images). memory_format="channels_last" converts the model and a 4-D input batch to NHWC first.
     """
     _check(dtype, optimizer, memory_format)
+    return _trace(model_name_or_module, batch_size, dtype, optimizer, cache, inputs_fn, memory_format)
+
+
+def trace_inference(model_name_or_module: str | nn.Module, batch_size: int, dtype: str = "fp32", cache: bool = True,
+                    inputs_fn: InputsFn | None = None, memory_format: str = "nchw") -> list[OpRecord]:
+    """Return the aten ops of one inference forward (model.eval(), torch.no_grad()), traced on meta and cached as
+    trace_training_step's are (Note [Inference forward])."""
+    _check(dtype, "sgd", memory_format)
+    return _trace(model_name_or_module, batch_size, dtype, INFERENCE, cache, inputs_fn, memory_format)
+
+
+def _trace(model_name_or_module: str | nn.Module, batch_size: int, dtype: str, optimizer: str, cache: bool,
+           inputs_fn: InputsFn | None, memory_format: str) -> list[OpRecord]:
     if isinstance(model_name_or_module, nn.Module):
         module = model_name_or_module
         if any(p.device.type != "meta" for p in module.parameters()):
