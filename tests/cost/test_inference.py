@@ -54,6 +54,6 @@ def test_predict_step_infer_mode() -> None:
     out = predict_step("a100", "resnet18", 64, "amp", mode="infer")
     assert list(out["phases"]) == ["inference", "h2d"] and out["mode"] == "infer"
     assert out["phases"]["inference"]["seconds"] > 0
-    assert out["memory"]["source"] == "missing"  # not simulated: said, not guessed
+    assert out["memory"]["source"] == "predicted" and "inference" in out["memory"]["provenance"]
     with pytest.raises(UnknownNameError, match="one of infer, train"):
         predict_step("a100", "resnet18", 64, mode="eval")

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from gpemu.device.allocator import MIB, EmulatedOutOfMemoryError
+from gpemu.errors import UnknownNameError
 from gpemu.memory import (
     GPEMU_DATA_SEMANTICS,
     max_batch_size,
@@ -111,3 +112,20 @@ def test_autocast_memory_sits_between_fp16_and_fp32() -> None:
     # after the step the same fp32 state persists; fp32's figure also holds two 8.125 MiB cuBLAS workspaces
     assert amp["persistent_mib"] == pytest.approx(fp32["persistent_mib"] - 2 * 8.125, abs=5.0)
     assert "autocast" in str(amp["source"]) and "not validated" in str(amp["source"])
+
+
+def test_inference_memory_holds_only_live_activations() -> None:
+    # Note [Inference memory]: resnet18 at batch 8, fp32, eval under no_grad. The peak is the persistent memory plus
+    # the stem's convolution output and its batch-norm output, both 8 x 64 x 112 x 112 x 4 B = 25,690,112 B
+    # (24.5 MiB) alive at once (ReLU then runs in place; max pooling's output and int64 indices take 18.4 MiB less).
+    # A training step keeps every layer's activations for the backward: several times that.
+    infer = predict_memory("a100", "resnet18", 8, mode="infer")
+    train = predict_memory("a100", "resnet18", 8)
+    # images 8 x 3 x 224 x 224 x 4 = 4,816,896 B, labels 8 x 8 B = 64 B, one 512 B block
+    assert infer["batch_mib"] == pytest.approx((4_816_896 + 512) / 2**20)
+    # plus batch norm's two per-channel outputs (save_mean, save_invstd: 64 x 4 B, one 512 B block each)
+    assert infer["peak_mib"] - infer["persistent_mib"] == pytest.approx((2 * 25_690_112 + 2 * 512) / 2**20)
+    assert train["peak_mib"] > 3 * infer["peak_mib"]
+    assert "inference" in str(infer["source"])
+    with pytest.raises(UnknownNameError, match="infer, train"):
+        predict_memory("a100", "resnet18", 8, mode="eval")

@@ -184,6 +184,45 @@ def simulate_training(
     return StepMemory(peak, persistent, reserved_peak, parameter_bytes, batch_bytes, tags)
 
 
+# Note [Inference memory]: an inference forward (model.eval() under torch.no_grad(), Note [Inference forward] in
+# workloads/optrace.py) holds the weights, the input batch and, at any moment, only the activations still to be
+# read: no autograd graph keeps a layer's output alive after its consumer ran, so the peak is the weights plus the
+# largest set of live activations (a residual branch's input while the branch runs), not the sum over layers that a
+# training forward saves for its backward. simulate_inference runs that forward on meta through the same caching-
+# allocator model; the output is dropped after each iteration, as an evaluation loop does after reading it.
+def simulate_inference(
+    model: nn.Module,
+    batch: tuple[torch.Tensor, ...],
+    allocator: CachingAllocator,
+    iterations: int = 2,
+    cublas_workspace: int = 0,
+    compute_capability: tuple[int, int] = (8, 0),
+) -> StepMemory:
+    """Run `iterations` inference forwards (eval mode, no_grad) of a meta-device model, charging memory to `allocator`
+    (Note [Inference memory]); the batch's last tensor (the target) is charged but not used."""
+    tracker = MemoryTracker(allocator, cublas_workspace_bytes=cublas_workspace)
+    tracker.track(list(model.parameters()), tag="parameters")
+    tracker.track(list(model.buffers()), tag="buffers")
+    parameter_bytes = allocator.memory_allocated()
+    tracker.track(list(batch), tag="input batch")
+    batch_bytes = allocator.memory_allocated() - parameter_bytes
+    *inputs, _target = batch
+    model.eval()
+    peak = 0
+    with tracker, torch.no_grad(), contextlib.ExitStack() as stack:
+        stack.enter_context(cuda_sdpa(compute_capability))
+        for _ in range(iterations):
+            allocator.reset_peak_memory_stats()
+            with _module_tags(model, tracker, "forward"):
+                output = model(*inputs)
+            del output
+            peak = allocator.max_memory_allocated()
+        persistent = allocator.memory_allocated()
+        tags = _group_tags(allocator.allocated_by_tag())
+        reserved_peak = allocator.max_memory_reserved()
+    return StepMemory(peak, persistent, reserved_peak, parameter_bytes, batch_bytes, tags)
+
+
 def _first_tensor(output: object) -> torch.Tensor:
     if isinstance(output, torch.Tensor):
         return output
@@ -215,13 +254,17 @@ def new_allocator(gpu: GPUSpec | str, memory_limit_bytes: int | None = None) -> 
 def _simulate_cached(
     gpu_key: str, workload: str, batch_size: int, dtype: str, iterations: int, set_to_none: bool,
     cublas_workspace: bool, capacity_bytes: int | None, source: str = "zoo", hardtanh_inplace_clone: bool = False,
+    mode: str = "train",
 ) -> StepMemory:
     spec = get_gpu(gpu_key)
     if dtype in AUTOCAST_DTYPES:
-        return _simulate_autocast(spec, workload, batch_size, dtype, iterations, set_to_none, capacity_bytes)
+        return _simulate_autocast(spec, workload, batch_size, dtype, iterations, set_to_none, capacity_bytes, mode)
     allocator = new_allocator(spec, capacity_bytes)
     model, batch = build_workload(workload, batch_size, dtype, source)
     workspace = cublas_workspace_bytes(spec) if cublas_workspace else 0
+    if mode == "infer":  # Note [Inference memory]
+        return simulate_inference(model, batch, allocator, iterations, workspace,
+                                  tuple(spec.compute_capability))  # type: ignore[arg-type]
     return simulate_training(model, batch, allocator, iterations, set_to_none, workspace, _zoo_loss(workload),
                              hardtanh_inplace_clone, tuple(spec.compute_capability))  # type: ignore[arg-type]
 
@@ -233,7 +276,7 @@ _DROPIN_TAGS = {"h2d": "parameters", "torch.randn": "input batch", "torch.randin
 
 
 def _simulate_autocast(spec: GPUSpec, workload: str, batch_size: int, dtype: str, iterations: int,
-                       set_to_none: bool, capacity_bytes: int | None) -> StepMemory:
+                       set_to_none: bool, capacity_bytes: int | None, mode: str = "train") -> StepMemory:
     """Memory of autocast training (fp32 weights, gradients and optimizer state; 16-bit activations and autocast's
     weight copies), run through the drop-in emulation: zoo model .cuda(), torch.autocast + GradScaler, SGD-momentum.
 
@@ -254,6 +297,15 @@ def _simulate_autocast(spec: GPUSpec, workload: str, batch_size: int, dtype: str
         parameter_bytes = alloc.memory_allocated()
         inputs, target = zoo.example_batch(workload, batch_size, device="cuda")
         batch_bytes = alloc.memory_allocated() - parameter_bytes
+        if mode == "infer":  # Note [Inference memory]
+            model.eval()
+            for _ in range(iterations):
+                alloc.reset_peak_memory_stats()
+                with torch.no_grad(), torch.autocast("cuda", dtype=AUTOCAST_DTYPES[dtype]):
+                    out = model(inputs)
+                del out
+            return StepMemory(alloc.max_memory_allocated(), alloc.memory_allocated(), alloc.max_memory_reserved(),
+                              parameter_bytes, batch_bytes, _group_tags(alloc.allocated_by_tag()))
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=False)
         scaler = torch.amp.GradScaler("cuda")
         model.train()
@@ -301,8 +353,10 @@ def predict_memory(
     cublas_workspace: bool = True,
     source: str = "zoo",
     hardtanh_inplace_clone: bool = True,
+    mode: str = "train",
 ) -> dict[str, object]:
-    """Return {peak_mib, persistent_mib, reserved_peak_mib, source, ...} for one training iteration, without a GPU.
+    """Return {peak_mib, persistent_mib, reserved_peak_mib, source, ...} for one training iteration (mode "infer": one
+    inference forward, Note [Inference memory]), without a GPU.
 
     Simulated with unlimited capacity (so it answers even when the batch would not fit); see max_batch_size().
     Defaults follow the installed torch (>= 2.0: zero_grad(set_to_none=True), cuBLAS workspace in the caching
@@ -310,8 +364,13 @@ def predict_memory(
     that GPEmu's published measurements were taken with (see docs/memory.md).
     """
     spec = get_gpu(gpu)
+    if mode not in ("train", "infer"):
+        raise UnknownNameError("mode", mode, ("train", "infer"))
     mem = _simulate_cached(spec.key, workload, batch_size, dtype, iterations, set_to_none, cublas_workspace, 1 << 60,
-                           source, hardtanh_inplace_clone)
+                           source, hardtanh_inplace_clone, mode)
+    how = (f"simulated: {iterations} inference forwards (model.eval() under torch.no_grad()"
+           f"{', autocast ' + dtype + ' through the drop-in emulation' if dtype in AUTOCAST_DTYPES else ''}) on gpemu's "
+           "CUDA caching-allocator model (Note [Inference memory]); not validated against measurements")
     return {
         "peak_mib": mem.peak_bytes / MIB,
         "persistent_mib": mem.persistent_bytes / MIB,
@@ -320,7 +379,7 @@ def predict_memory(
         "batch_mib": mem.batch_bytes / MIB,
         "fits": mem.reserved_peak_bytes + spec.context_mib * MIB <= spec.memory_bytes,
         "top_allocations_mib": {k: v / MIB for k, v in mem.top_tags.items()},
-        "source": (
+        "source": how if mode == "infer" else (
             f"simulated: {iterations} autocast ({dtype}) SGD-momentum + GradScaler training steps through the drop-in "
             f"emulation's CUDA caching-allocator model (fp32 master weights and optimizer state, 16-bit activations "
             f"and autocast weight copies, zero_grad(set_to_none={set_to_none})); not validated against measurements "

@@ -99,6 +99,8 @@ class _TrackingMode(TorchDispatchMode):
         flat, _ = tree_flatten(out)
         tag = tracker.tag
         for t in flat:
-            if isinstance(t, torch.Tensor):
+            # meta tensors stand for device memory; a CPU tensor made meanwhile (a module imported lazily during the
+            # step builds its constants) is host memory and was charged to the GPU, once per process
+            if isinstance(t, torch.Tensor) and t.device.type == "meta":
                 tracker._charge(t, tag)
         return out

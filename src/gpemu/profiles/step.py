@@ -110,11 +110,13 @@ def h2d_estimate(spec: GPUSpec, model: str, batch_size: int, dtype: str, db: Pro
     )
 
 
-def memory_estimate(spec: GPUSpec, model: str, batch_size: int, dtype: str, db: ProfileDB) -> dict[str, Any] | None:
-    """Return {peak_mib, persistent_mib, source, provenance} from profile rows, else gpemu.memory, else None."""
+def memory_estimate(spec: GPUSpec, model: str, batch_size: int, dtype: str, db: ProfileDB,
+                    mode: str = "train") -> dict[str, Any] | None:
+    """Return {peak_mib, persistent_mib, source, provenance} from profile rows (training only), else gpemu.memory,
+    else None."""
     peak = db.lookup(spec, model, "mem_peak", batch_size, dtype)
     persistent = db.lookup(spec, model, "mem_persistent", batch_size, dtype)
-    if peak.ok and persistent.ok:
+    if peak.ok and persistent.ok and mode == "train":
         kinds = [peak.kind, persistent.kind]
         worst = max(kinds, key=["measured", "interpolated", "extrapolated"].index)
         return {"peak_mib": peak.value, "persistent_mib": persistent.value, "source": worst, "provenance": peak.source}
@@ -126,7 +128,7 @@ def memory_estimate(spec: GPUSpec, model: str, batch_size: int, dtype: str, db: 
         except ImportError:
             return None
     try:
-        mem = predict_memory(spec, model, batch_size, dtype)
+        mem = predict_memory(spec, model, batch_size, dtype, mode=mode)
     except Exception as exc:  # a model the memory simulator cannot build: say so rather than crash predict
         return {"peak_mib": None, "persistent_mib": None, "source": "missing", "provenance": f"memory model: {exc}"}
     return {
@@ -184,9 +186,7 @@ def predict_step(
     check_model(model, db)
     if mode == "infer":  # profiles hold training phases: an inference forward is always the cost model's
         phases = {"inference": _predicted_phase(spec, model, "inference", batch_size, dtype, db, memory_format)}
-        memory: dict[str, Any] | None = {
-            "peak_mib": None, "persistent_mib": None, "source": "missing",
-            "provenance": "not simulated for inference (gpemu.memory simulates training steps)"}
+        memory = memory_estimate(spec, model, batch_size, dtype, db, mode)
     else:
         phases = {
             "forward": phase_estimate(spec, model, "forward", batch_size, dtype, db, memory_format),
