@@ -103,6 +103,11 @@ def test_fused_attention_is_priced_at_its_published_efficiency() -> None:
         gemm = OpCost(flops, 1e6, "matmul", "bf16", tensor_core=True)  # the same FLOPs in a GEMM (1 MB): at tc_eff
         assert cost_time_s(gemm, "mm", spec, params) == pytest.approx(
             (flops + p["w_half"] * sms) / (peak * params.tc_eff) + p["k0"], rel=1e-12)
+    # Datacenter Blackwell (cc 10.0) prices FlashAttention-2 as Hopper does; the Blackwell RTX SM (cc 12.0) has no
+    # warpgroup MMA or tcgen05, its GEMMs run mma.sync as FlashAttention-2 does: Ada's 0.60 (Note [Blackwell RTX SM])
+    assert fused_attention_eff(get_gpu("b200"), params.tc_eff) == FUSED_ATTENTION_EFF_HOPPER
+    for key in ("rtx5090", "rtx-pro-6000-maxq", "rtx4090"):
+        assert fused_attention_eff(get_gpu(key), params.tc_eff) == FUSED_ATTENTION_EFF, key
 
 
 def test_16_bit_streaming_ops_use_m_stream() -> None:

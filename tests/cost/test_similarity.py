@@ -17,6 +17,18 @@ def test_arch_generation_is_the_compute_capability() -> None:
     assert arch_generation(get_gpu("k80")) == pytest.approx(3.7)  # sm_37
 
 
+def test_blackwell_rtx_ranks_right_after_ada() -> None:
+    # Note [Blackwell RTX SM]: sm_120 keeps Ada's mma.sync tensor path; 8.9 + (0 + 1) / 100 = 8.91, not 12.0
+    rtx5090 = get_gpu("rtx5090")
+    assert arch_generation(rtx5090) == pytest.approx(8.91)
+    assert arch_generation(get_gpu("rtx-pro-6000-maxq")) == pytest.approx(8.91)
+    assert arch_generation(get_gpu("b200")) == pytest.approx(10.0)  # datacenter Blackwell keeps its number
+    # the RTX 4090 is 0.01 away, the H100 0.09, the B200 1.09 (with 12.0 the B200 would have been first: 2.0 < 3.1)
+    assert nearest(rtx5090, ["b200", "h100-sxm5-80gb", "rtx4090"]) == "rtx4090"
+    assert nearest(rtx5090, ["b200", "h100-sxm5-80gb"]) == "h100-sxm5-80gb"
+    assert nearest(get_gpu("b200"), ["rtx5090", "h100-sxm5-80gb"]) == "h100-sxm5-80gb"  # 1.0 < 1.09
+
+
 def test_generation_outranks_spec_similarity() -> None:
     m40 = get_gpu("m40")
     # by spec alone the K80 die is closer to the M40 than the P100 is:

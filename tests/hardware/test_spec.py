@@ -12,6 +12,7 @@ REQUIRED_KEYS = [
     "k80", "m40", "p100-pcie-16gb", "v100-pcie-32gb", "v100-sxm2-32gb", "t4", "quadro-rtx-6000", "a10",
     "a100-pcie-40gb", "a100-sxm4-40gb", "a100-sxm4-80gb", "a100-pcie-80gb", "l4", "l40s", "h100-sxm5-80gb", "h100-pcie-80gb",
     "h200-sxm-141gb", "b200", "rtx3090", "rtx4090", "rtx-a6000", "a40", "a30", "l40", "rtx6000-ada",
+    "rtx5090", "rtx-pro-6000-maxq",
 ]  # fmt: skip
 
 # (name a user or tool would type, expected key): GPEmu folder names and torch.cuda.get_device_name() strings.
@@ -45,6 +46,8 @@ ALIASES = [
     ("NVIDIA A30", "a30"),
     ("NVIDIA L40", "l40"),
     ("NVIDIA RTX 6000 Ada Generation", "rtx6000-ada"),
+    ("NVIDIA GeForce RTX 5090", "rtx5090"),
+    ("NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition", "rtx-pro-6000-maxq"),
     ("v100", "v100-pcie-32gb"),
     ("a100", "a100-sxm4-80gb"),
     ("h100", "h100-sxm5-80gb"),
@@ -55,6 +58,8 @@ ALIASES = [
     ("rtx6000", "quadro-rtx-6000"),  # the Turing Quadro keeps its short name; the Ada board is rtx6000-ada
     ("l40", "l40"),
     ("l40s", "l40s"),
+    ("5090", "rtx5090"),
+    ("pro6000maxq", "rtx-pro-6000-maxq"),  # timm's results/ file tag
 ]
 
 
@@ -92,10 +97,11 @@ def test_unknown_gpu_suggests_close_names() -> None:
 def test_figures_are_sane_and_cited(spec: GPUSpec) -> None:
     assert set(spec.peak_tflops) == set(DTYPE_KEYS)
     assert spec.peak_tflops["fp32"] > 0 and spec.memory_gib > 0 and spec.memory_bw_gbps > 0 and spec.sm_count > 0
-    if spec.compute_capability in ((8, 6), (8, 9)):
-        # GA10x/AD10x doubled the FP32 CUDA cores, and GeForce boards and the L40 run FP16 tensor math with FP32
+    if spec.compute_capability in ((8, 6), (8, 9), (12, 0)):
+        # GA10x/AD10x/GB20x doubled the FP32 CUDA cores, and GeForce boards and the L40 run FP16 tensor math with FP32
         # accumulate at half rate (Note [FP32-accumulate tensor rate] in gpus.toml): only 2x fp32 there
-        # (RTX 3090: 71 / 35.6 = 1.99; L40: 181.05 / 90.5 = 2.0; RTX 6000 Ada: 364.2 / 91.1 = 4.0).
+        # (RTX 3090: 71 / 35.6 = 1.99; L40: 181.05 / 90.5 = 2.0; RTX 5090: 209.5 / 104.8 = 2.0; RTX 6000 Ada:
+        # 364.2 / 91.1 = 4.0).
         assert spec.peak_tflops["fp16"] >= 1.9 * spec.peak_tflops["fp32"]
     elif spec.compute_capability >= (7, 0):  # tensor cores from Volta on: fp16 well above fp32 (A100: 312 / 19.5)
         assert spec.peak_tflops["fp16"] >= 3.5 * spec.peak_tflops["fp32"]
@@ -151,6 +157,29 @@ def test_new_boards_key_figures_match_their_datasheets() -> None:
         # CUDA reports less than the marketing GiB (ECC / driver reservations).
         assert 0.9 * spec.memory_gib * 1024 < spec.total_memory_mib < spec.memory_gib * 1024, spec.key
         assert spec.sources.get("total_memory_mib") and spec.sources.get("sm_count"), spec.key
+
+
+def test_blackwell_rtx_boards_match_their_per_sm_clock_rates() -> None:
+    # GB202: 128 FP32 lanes and 1024 dense FP16 tensor FLOP/clk per SM (FP16 accumulate).
+    rtx5090 = get_gpu("NVIDIA GeForce RTX 5090")
+    assert (rtx5090.arch, rtx5090.compute_capability, rtx5090.sm_count) == ("blackwell", (12, 0), 170)
+    assert rtx5090.peak_tflops["fp32"] == pytest.approx(170 * 128 * 2 * 2.407e9 / 1e12, abs=0.05)  # 104.75
+    # GeForce: FP32 accumulate at half the FP16-accumulate rate, 170 x 1024 x 2.407 GHz / 2 = 209.5
+    assert rtx5090.peak_tflops["fp16"] == pytest.approx(170 * 1024 * 2.407e9 / 2 / 1e12, abs=0.05)
+    assert rtx5090.peak_tflops["fp16"] == pytest.approx(2 * rtx5090.peak_tflops["fp32"], rel=0.01)
+    assert rtx5090.memory_bw_gbps == 28 * 512 / 8  # 28 Gbps GDDR7 x 512 bit = 1792 GB/s
+    assert rtx5090.memory_bytes == 32113 * 1024**2  # OOM messages '31.36 GiB total capacity': 31.36 x 1024
+    assert (rtx5090.l2_cache_mib, rtx5090.pcie_gen, rtx5090.nvlink_gbps) == (96.0, 5, 0.0)
+    maxq = get_gpu("NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition")
+    assert (maxq.arch, maxq.compute_capability, maxq.sm_count, maxq.tdp_w) == ("blackwell", (12, 0), 188, 300.0)
+    assert maxq.peak_tflops["fp32"] == pytest.approx(188 * 128 * 2 * 2.288e9 / 1e12, abs=0.05)  # 110.1
+    # professional board: FP32 accumulate at the full rate, 188 x 1024 x 2.288 GHz = 440.5 = 4x fp32
+    assert maxq.peak_tflops["fp16"] == pytest.approx(188 * 1024 * 2.288e9 / 1e12, abs=0.05)
+    assert maxq.peak_tflops["fp16"] == pytest.approx(4 * maxq.peak_tflops["fp32"], rel=0.01)
+    assert (maxq.memory_gib, maxq.memory_bw_gbps, maxq.l2_cache_mib) == (96.0, 1792.0, 128.0)
+    for spec in (rtx5090, maxq):
+        for figure in ("sm_count", "boost_clock_mhz", "l2_cache_mib", "tdp_w", "total_memory_mib", "memory_gib"):
+            assert spec.sources.get(figure), (spec.key, figure)
 
 
 def test_k80_is_one_die_as_cuda_sees_it() -> None:

@@ -131,7 +131,10 @@ def has_tensor_cores(spec: GPUSpec) -> bool:
 # way on Ada; Volta and Turing get the memory-efficient kernel, for which no figure is published: the same 0.60,
 # a lower bound on its time). On Hopper, FlashAttention-2 "achieves only 35 % utilization on the H100 GPU" (Shah et
 # al. 2024, FlashAttention-3, arXiv:2407.08608, abstract): it does not use Hopper's warpgroup MMA or TMA, which
-# the GEMMs that tc_eff describes do; priced at 0.35 from compute capability 9.0 on (Blackwell too: the same kernel).
+# the GEMMs that tc_eff describes do; priced at 0.35 from compute capability 9.0 on (datacenter Blackwell, cc 10.x,
+# too: the same kernel beside tcgen05 GEMMs). Not on the Blackwell RTX SM (cc 12.x: RTX 50, RTX PRO Blackwell): it
+# has neither warpgroup MMA nor tcgen05, so its GEMMs run the same warp-level mma.sync as FlashAttention-2, as on
+# Ampere and Ada (Note [Blackwell RTX SM] in similarity.py): 0.60 there.
 FUSED_ATTENTION_EFF = 0.60
 FUSED_ATTENTION_EFF_HOPPER = 0.35
 
@@ -139,7 +142,8 @@ FUSED_ATTENTION_EFF_HOPPER = 0.35
 def fused_attention_eff(spec: GPUSpec, tc_eff: float) -> float:
     """Return the fraction of the tensor peak a fused attention kernel reaches on `spec` (Note [Fused attention
     efficiency]), never above tc_eff."""
-    eff = FUSED_ATTENTION_EFF_HOPPER if tuple(spec.compute_capability) >= (9, 0) else FUSED_ATTENTION_EFF
+    warpgroup_gemms = (9, 0) <= tuple(spec.compute_capability) < (12, 0)
+    eff = FUSED_ATTENTION_EFF_HOPPER if warpgroup_gemms else FUSED_ATTENTION_EFF
     return min(tc_eff, eff)
 
 

@@ -26,9 +26,25 @@ def spec_distance(a: GPUSpec, b: GPUSpec) -> float:
     return d + 0.5 * abs(math.log(a.sm_count / b.sm_count))
 
 
+# Note [Blackwell RTX SM]
+# Compute capability 12.x (sm_120: RTX 50 GeForce and RTX PRO Blackwell boards, GB202/GB203/...; sm_121: GB10) is
+# numbered after datacenter Blackwell (10.x) but is not its superset: its tensor cores are driven by Ada's warp-level
+# mma.sync (extended with block-scaled FP4/FP6/FP8 kinds: NVIDIA/cutlass issue 3227, mma.sync ... block_scale on
+# sm_120a/121a), without Hopper's warpgroup MMA (wgmma needs the sm_90a target, whose "a" features do not carry to
+# later devices: LLVM review D155851) or datacenter Blackwell's tcgen05 and tensor memory (sm_100a/101a/110a only:
+# llvm/llvm-project PR 160464's tcgen05 tests). It keeps Ada's 128 KB of L1/shared memory per SM (Hopper and B200:
+# 228 KB), GDDR memory and GeForce-style boost clocks. What Note [Choosing the source GPU] borrows (cuDNN's kernels
+# for the SM design, achieved vs. datasheet clocks and bandwidth) is therefore Ada's, not B200's: for ranking sources
+# sm_12x sits right after Ada (8.9 + (minor + 1) / 100: 8.91 for sm_120), so an RTX 5090 borrows from an RTX 4090
+# (0.01 away) before an H100 (0.09) or a B200 (1.09), where the raw number 12.0 would have put the B200 first (2.0
+# against the 4090's 3.1). The fused-attention efficiency follows the same split (Note [Fused attention efficiency]
+# in model.py).
 def arch_generation(spec: GPUSpec) -> float:
-    """Return the compute capability as one number (7.5 for sm_75): the SM generation's place in NVIDIA's line."""
+    """Return the SM generation's place in NVIDIA's line as one number: the compute capability (7.5 for sm_75),
+    except sm_12x, placed right after Ada (Note [Blackwell RTX SM])."""
     major, minor = spec.compute_capability
+    if major == 12:
+        return 8.9 + (minor + 1) / 100
     return major + minor / 10
 
 
