@@ -80,7 +80,7 @@ def predicted_sequences_per_s(size: str, gpu: str, dtype: str, batch: int, param
         ops = replace(ops, dtype=["tf32" if c in _COMPUTE else d for c, d in zip(ops.category, ops.dtype,
                                                                                  strict=True)])
     ops = compress_views(ops)
-    cols = spec_columns(ops, spec, params.tc_eff, params.m_stream)
+    cols = spec_columns(ops, spec, params.tc_eff_for(spec), params.m_stream)
     p, f = params.shared, params.factors(spec)
     with torch.no_grad():
         kern = kernel_seconds(ops.flops, ops.bytes, cols, p, f)

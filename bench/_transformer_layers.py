@@ -130,7 +130,7 @@ def predicted_seconds(name: str, gpu: str, batch: int, seq: int, params: CostPar
     p = {**params.shared, "t0": 0.0, "t0_bwd": 0.0}
     f = params.factors(spec)
     ops = compress_views(op_arrays(trace_layer(name, batch, seq)))
-    cols = spec_columns(ops, spec, params.tc_eff, params.m_stream)
+    cols = spec_columns(ops, spec, params.tc_eff_for(spec), params.m_stream)
     with torch.no_grad():
         kern = kernel_seconds(ops.flops, ops.bytes, cols, p, f)
         host = host_seconds(ops, p, f)

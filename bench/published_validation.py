@@ -53,6 +53,8 @@ MLI = ("mli/transformers-benchmarks README.md 'Micro-Benchmarking Summary' (micr
 MAMF = ("stas00/ml-engineering compute/accelerator/README.md 'Maximum Achievable Matmul FLOPS comparison table', "
         "BF16 (mean of 100 iterations at the best shape found)")
 MAG = "mag-/gpu_benchmark README.md 'Stats' (mamf-finder with optuna, best shape)"
+MLI4090 = ("mli/transformers-benchmarks README.md @ 3370b2b3 'Micro-Benchmarking Summary' (micro_bench.ipynb: square "
+           "n=8192 matmul; 'Matrix Multiplication FP32 / FP16' row, FP32 = TF32)")
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,11 @@ GEMMS: tuple[GemmReference, ...] = (
     GemmReference("h100-sxm5-80gb", "bf16", 2048, 2048, 13312, 794.5, f"{MAMF}, H100 SXM, torch 2.7.0+cu126"),
     GemmReference("h100-pcie-80gb", "bf16", 6912, 16384, 2048, 499.5, f"{MAG}, H100 PCIe"),
     GemmReference("b200", "bf16", 1792, 16128, 3072, 1745.0, f"{MAMF}, B200 SXM, torch 2.7.1+cu128"),
+    GemmReference("rtx-a6000", "fp16", 8192, 8192, 8192, 95.0, f"{MLI4090}, A6000"),
+    GemmReference("rtx-a6000", "tf32", 8192, 8192, 8192, 60.0, f"{MLI4090}, A6000"),
+    # half-rate tensor cores (Note [Half-rate tensor cores]): fit tc_eff_half_rate, not tc_eff
+    GemmReference("rtx4090", "fp16", 8192, 8192, 8192, 172.0, f"{MLI4090}, 4090"),
+    GemmReference("rtx4090", "tf32", 8192, 8192, 8192, 86.0, f"{MLI4090}, 4090"),
     GemmReference("v100-sxm2-32gb", "fp32", 8192, 8192, 8192, 14.0, f"{MLI}, V100 16GB (CUDA cores)"),
 )
 @dataclass(frozen=True)
@@ -138,13 +145,25 @@ def fit_tc_eff(refs: Sequence[GemmReference], params: CostParams) -> float:
     return math.exp(sum(logs) / len(logs))
 
 
+def _half_rate(ref: GemmReference) -> bool:
+    return get_gpu(ref.gpu).half_rate_tensor
+
+
+def fit_rows_of(half_rate: bool) -> list[GemmReference]:
+    """Return the tensor-core GEMM rows that fit tc_eff (half_rate False) or tc_eff_half_rate (True)."""
+    return [r for r in GEMMS if r.dtype != "fp32" and _half_rate(r) == half_rate]
+
+
 def gemm_rows(params: CostParams) -> list[dict[str, object]]:
-    """Return one dict per GEMM reference with the packaged prediction and the leave-one-out one."""
-    fit_rows = [r for r in GEMMS if r.dtype != "fp32"]
+    """Return one dict per GEMM reference with the packaged prediction and the leave-one-out one (the efficiency
+    of its class, full- or half-rate tensor cores, fitted without it)."""
     rows = []
     for ref in GEMMS:
-        held_out = fit_tc_eff([r for r in fit_rows if r is not ref], params)
-        loo = predicted_gemm_tflops(ref, replace(params, tc_eff=held_out))
+        half = _half_rate(ref)
+        others = [r for r in fit_rows_of(half) if r is not ref]
+        held_out = fit_tc_eff(others, params) if others else float("nan")
+        loo_params = replace(params, tc_eff_half_rate=held_out) if half else replace(params, tc_eff=held_out)
+        loo = predicted_gemm_tflops(ref, loo_params)
         pred = predicted_gemm_tflops(ref, params)
         rows.append({**ref.__dict__, "implied_tc_eff": implied_tc_eff(ref, params) if ref.dtype != "fp32" else None,
                      "predicted_tflops": pred, "error_pct": 100 * (pred / ref.tflops - 1),
@@ -445,8 +464,10 @@ def main() -> None:
                       opt(g["implied_tc_eff"], ".3f"), f"{g['predicted_tflops']:.1f}", f"{g['error_pct']:+.1f}%",
                       opt(g["loo_tc_eff"], ".3f"), opt(g["loo_error_pct"], "+.1f"), str(g["source"]))
     console.print(table)
-    fit_rows = [r for r in GEMMS if r.dtype != "fp32"]
-    console.print(f"tc_eff fitted on all {len(fit_rows)} tensor-core rows: {fit_tc_eff(fit_rows, params):.4f}")
+    full, half = fit_rows_of(False), fit_rows_of(True)
+    console.print(f"tc_eff fitted on all {len(full)} full-rate tensor-core rows: {fit_tc_eff(full, params):.4f}; "
+                  f"tc_eff_half_rate on the {len(half)} half-rate rows (Note [Half-rate tensor cores]): "
+                  f"{fit_tc_eff(half, params):.4f} (packaged {params.tc_eff_half_rate:.4f})")
     _summary(console, [g for g in gemms if g["loo_error_pct"] is not None], "loo_error_pct",
              {"tensor-core GEMMs, leave-one-out": lambda r: True})
 

@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> None:
     out = params.to_json()
     # tc_eff and m_stream (with their notes) are fitted on published figures, not on these rows: carry them over
     old = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else {}
-    out.update({k: v for k, v in old.items() if k in ("tc_eff", "m_stream") or k.endswith("_note")})
+    out.update({k: v for k, v in old.items() if k in ("tc_eff", "m_stream", "tc_eff_half_rate") or k.endswith("_note")})
     how = f"`python -m gpemu.cost.calibrate --free {','.join(free)}`" if free else "`python -m gpemu.cost.calibrate`"
     out["note"] = (f"{params.note}; data: GPEmu gpemu-profiles/ROWS.csv measured=1, batch sizes {list(FIT_BATCHES)}; "
                    f"fitted {dt.date.today().isoformat()} with {how}; torch {torch.__version__}")

@@ -56,6 +56,14 @@ class CostParams:
     note: str = ""
     m_stream: float = 0.0  # streaming fraction of datasheet bandwidth for 16-bit memory-bound kernels, Note [16-bit
     # streaming]; fitted on published vector-kernel bandwidths (fitted.json); 0 = off (the fp32 fit's m_c apply)
+    tc_eff_half_rate: float = 0.0  # tc_eff of GPUs with half-rate tensor cores (Note [Half-rate tensor cores]);
+    # 0 = tc_eff
+
+    def tc_eff_for(self, spec: GPUSpec) -> float:
+        """Return the share of `spec`'s tensor peak a large GEMM reaches (Note [Half-rate tensor cores])."""
+        if spec.half_rate_tensor and self.tc_eff_half_rate > 0:
+            return self.tc_eff_half_rate
+        return self.tc_eff
 
     def factors(self, spec: GPUSpec, use_per_gpu: bool = True) -> dict[str, float]:
         """Return the per-GPU factors a, b, c for `spec`: its own, else the nearest fitted GPU's device factors a, b
@@ -80,7 +88,7 @@ class CostParams:
     def to_json(self) -> dict[str, Any]:
         """Return the JSON object stored in fitted.json."""
         return {"shared": self.shared, "per_gpu": self.per_gpu, "tc_eff": self.tc_eff, "m_stream": self.m_stream,
-                "note": self.note}
+                "tc_eff_half_rate": self.tc_eff_half_rate, "note": self.note}
 
 
 DEFAULT_SHARED: dict[str, float] = {
@@ -102,7 +110,7 @@ def load_params() -> CostParams:
     data = json.loads(text)
     shared = {**DEFAULT_SHARED, **data["shared"]}
     return CostParams(shared, data.get("per_gpu", {}), float(data.get("tc_eff", 0.5)), str(data.get("note", "")),
-                      float(data.get("m_stream", 0.0)))
+                      float(data.get("m_stream", 0.0)), float(data.get("tc_eff_half_rate", 0.0)))
 
 
 def has_tensor_cores(spec: GPUSpec) -> bool:
@@ -121,6 +129,17 @@ def has_tensor_cores(spec: GPUSpec) -> bool:
 # matmul throughputs of six GPUs (bench/published_validation.py, leave-one-out; docs/cost-model.md) and validated on
 # whole published training steps (resnet50 AMP / TF32, BERT and GPT-2 layers) that are not in the fit. Until
 # session 4 this was tc_rel = 0.5 times e_c (a prior): 0.45 of peak for a GEMM, 1.08 for a conv backward.
+# Note [Half-rate tensor cores]
+# A GeForce board's SM has the tensor cores of its professional sibling (GA102: RTX 3090 / RTX A6000; AD102: RTX
+# 4090 / RTX 6000 Ada; GB202: RTX 5090 / RTX PRO 6000) but runs FP16/BF16 with FP32 accumulation, what cuBLAS and
+# cuDNN use, and TF32 at half the rate (GPUSpec.half_rate_tensor; the datasheet peaks in gpus.toml are those half
+# rates). Published large GEMMs reach all of that half peak, where full-rate parts reach three quarters of theirs:
+# RTX 4090 172 TFLOPS fp16 / 86 tf32 against 165.2 / 82.6, RTX 3090 Ti 81 / 42 against 80 / 40 (mli's
+# micro_bench, bench/published_validation.py), RTX 5090 214-240 against 209.5 (the rtx5090 entry's sources):
+# with half the tensor throughput per SM, the same shared-memory and register paths keep the tensor cores fed, and
+# these boards boost past their datasheet clock. Such GPUs take tc_eff_half_rate, fitted on the half-rate GEMM rows
+# as tc_eff is on the others; the fused-attention ceiling (Note [Fused attention efficiency]) is capped by it as by
+# tc_eff.
 # Note [Fused attention efficiency]
 # The fused attention kernels that scaled_dot_product_attention routes to (flash, memory-efficient: Note [SDPA
 # backend choice] in torch_backend/sdpa.py) do their two matmuls per tile between an online softmax's exponentials,

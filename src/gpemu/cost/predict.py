@@ -111,7 +111,7 @@ def model_phase_seconds(spec: GPUSpec, model: str, phase: str, batch_sizes: Sequ
     else:
         all_ops = batch_linear_ops(model, dtype, memory_format=memory_format)
     ops = compress_views(_subset(all_ops, _phase_mask(all_ops, phase)))
-    cols = spec_columns(ops, spec, params.tc_eff, params.m_stream)
+    cols = spec_columns(ops, spec, params.tc_eff_for(spec), params.m_stream)
     p, f = params.shared, params.factors(spec, use_per_gpu)
     batches = np.asarray(batch_sizes, dtype=np.float64)[:, None]
     assert ops.flops_per_sample is not None and ops.bytes_per_sample is not None
@@ -132,7 +132,7 @@ def predict_ops(gpu: GPUSpec | str, ops: Sequence[Any], params: CostParams | Non
     if not ops:
         return []
     arrays = op_arrays(ops)
-    cols = spec_columns(arrays, spec, params.tc_eff, params.m_stream)
+    cols = spec_columns(arrays, spec, params.tc_eff_for(spec), params.m_stream)
     with torch.no_grad():
         kern = kernel_seconds(arrays.flops, arrays.bytes, cols, params.shared, params.factors(spec), arrays.relayout_bytes)
     return [float(x) for x in kern]

@@ -100,7 +100,8 @@ def cost_time_s(cost: OpCost, name: str, spec: GPUSpec, params: CostParams | Non
             e_c = float(group_efficiency(e_c, dense, group_width, p["group_width_half"]))
         eff = e_c * f["a"]
         if on_tc:  # Note [Tensor-core efficiency], Note [Fused attention efficiency]
-            eff = fused_attention_eff(spec, params.tc_eff) if cost.category == "attention" else params.tc_eff
+            tc = params.tc_eff_for(spec)  # Note [Half-rate tensor cores]
+            eff = fused_attention_eff(spec, tc) if cost.category == "attention" else tc
         compute = (cost.flops + p["w_half"] * spec.sm_count) / (peak * eff)
     backward = name.endswith(("_backward", "_backward_data"))  # the phase is unknown here; named grads are bwd
     staged = bool(staged_conv(np.array([cidx]), np.array([on_tc]))[0])  # See Note [Staged convolutions]

@@ -52,6 +52,10 @@ class GPUSpec:
     # which device-memory bandwidth falls in proportion (0.0 = bandwidth does not depend on the SM clock).
     sustained_clock_mhz: float = 0.0
     full_bandwidth_clock_mhz: float = 0.0
+    # Note [Half-rate tensor cores]: GeForce boards run 16-bit tensor ops with FP32 accumulation (what cuBLAS and
+    # cuDNN use for fp16/bf16) and TF32 at half the rate the same SM reaches on its professional sibling; their
+    # peak_tflops are those half rates, and a large GEMM reaches a larger share of them (gpemu.cost.model).
+    half_rate_tensor: bool = False
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
     @property
