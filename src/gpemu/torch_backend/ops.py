@@ -364,6 +364,26 @@ def _to_copy(func: Any, args: Any, kwargs: Any) -> Any:
     return run_op(func, args, kwargs)
 
 
+# Note [type_as across devices]: `t.type_as(other)` is `t.to(other's dtype and device)`, so a CPU tensor meeting a
+# CUDA one moves to the GPU: ultralytics' make_anchors builds `torch.arange(w).type_as(feats[0])`. In autograd mode
+# torch decomposes it into `to(other.options())`, whose device is the wrapper's C++ `meta`: the result was a plain
+# meta tensor, not an emulated one, with no copy charged. Under inference mode (ultralytics' validation,
+# torchvision's evaluate) `aten.type_as` reaches gpemu whole, and the device check (Note [Tensors on two devices])
+# raised "Expected all tensors to be on the same device" where a GPU moves the tensor. `Tensor.type_as` is patched
+# to `self.to(other)` when either side is emulated (patches.py), and the aten op is handled as the copy it is.
+@_special(aten.type_as.default)
+def _type_as(func: Any, args: Any, kwargs: Any) -> Any:
+    x, other = args[0], args[1]
+    if isinstance(x, EmuTensor) and isinstance(other, EmuTensor):
+        if x.dtype == other.dtype and x._index == other._index:
+            return x
+        return _to_copy(aten._to_copy.default, (x,), {"dtype": other.dtype, "device": other.device})
+    if isinstance(other, EmuTensor):  # a CPU tensor: copied to the device, then cast
+        return host_to_device(x, other._index, dtype=other.dtype)
+    # an emulated tensor meeting a CPU one: read back to the host
+    return device_to_host(x, reason="tensor.type_as()", dtype=None if x.dtype == other.dtype else other.dtype)
+
+
 # Note [Plain meta tensors in copies]: C++ code that allocates with an emulated tensor's options gets plain meta
 # tensors (DDP's Reducer buckets: Note [DDP on one rank] in gpemu/distributed/ddp.py). Such a tensor stands for
 # memory on the emulated tensor's device, so a copy between the two is a device-to-device copy priced like any

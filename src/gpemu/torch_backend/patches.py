@@ -133,6 +133,16 @@ def _patched_to(orig: Callable[..., Any]) -> Callable[..., Any]:
     return to
 
 
+def _patched_type_as(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def type_as(self: torch.Tensor, other: torch.Tensor) -> Any:
+        if isinstance(other, EmuTensor) or isinstance(self, EmuTensor):  # Note [type_as across devices] in ops.py
+            return self.to(other)
+        return orig(self, other)
+
+    return type_as
+
+
 def _patched_cuda(orig: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(orig)
     def cuda(self: torch.Tensor, device: Any = None, non_blocking: bool = False, **kwargs: Any) -> Any:
@@ -504,7 +514,8 @@ def apply(emu: state.Emulation, patcher: Patcher) -> None:
     T = torch.Tensor
     for name, make in (("to", _patched_to), ("cuda", _patched_cuda), ("pin_memory", _patched_pin_memory),
                        ("is_pinned", _patched_is_pinned), ("tolist", _patched_tolist), ("numpy", _patched_numpy),
-                       ("record_stream", _patched_record_stream), ("new_tensor", _patched_new_tensor)):
+                       ("record_stream", _patched_record_stream), ("new_tensor", _patched_new_tensor),
+                       ("type_as", _patched_type_as)):
         patcher.set(T, name, make(getattr(T, name)))
     import torch.distributed as dist
 
