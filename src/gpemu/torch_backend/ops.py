@@ -823,6 +823,22 @@ SPECIAL[aten._is_all_true.default] = _all_any  # torch.distributions' argument v
 SPECIAL[aten._is_any_true.default] = _all_any
 
 
+# Note [Finite checks read back as passing]: `isfinite` of a computed tensor read back the default zeros, i.e. False:
+# "not finite". ultralytics' trainer checks `not self.loss.isfinite()` after every epoch and warned "Loss NaN/Inf
+# detected" (and tries to reload last.pt) on every emulated run. Like all()/any() (Note [Sanity checks read back as
+# passing]), a computed value's isfinite reads True (up to 64 KiB of output: larger ones are read through all());
+# a host-known value's is computed. isnan/isinf read False already (zeros). torch decomposes isfinite before
+# dispatch in autograd mode (`(x == x) * (x.abs() != inf)`), so `torch.isfinite` and `Tensor.isfinite` are
+# patched (patches.py) and call this on their result.
+def finite_check_passes(out: Any) -> Any:
+    """Make `out` (an isfinite result) read True where its value is not known (Note [Finite checks read back as
+    passing])."""
+    if (isinstance(out, EmuTensor) and (not _known or id(out) not in _known)
+            and out.numel() * out.element_size() <= KNOWN_VALUE_MAX_BYTES):
+        set_known_value(out, torch.ones(tuple(out.shape), dtype=out.dtype), default=True)
+    return out
+
+
 # Note [Unique on read values]: `torch.unique` and friends size their outputs by the input's values. gpemu answers
 # them on the values a host read of the input returns: the known value (labels copied from the host: the real
 # answer), else what `.cpu()` would read (zeros, the value hook's or GPEMU_FLOAT_VALUE's answer), so `t.unique()` on
