@@ -569,7 +569,7 @@ def _keep_bound(func: Any, args: Any, kwargs: Any) -> Any:
 # threshold class scores this way: torchvision's RoIHeads.postprocess_detections takes `softmax(class_logits)`,
 # drops the background column, flattens it and keeps `torch.where(scores > box_score_thresh)` (0.05). With the
 # worst-case `nonzero_fraction` every one of the 1,000 proposals x 90 classes passed: batched_nms then ran one NMS
-# over 90,000 boxes, priced as a pass over its 90,000^2 IoU pairs (~33 ms of a Faster R-CNN evaluation image's ~53 ms
+# over 90,000 boxes, priced as a pass over its 90,000^2 IoU pairs (45 ms of a Faster R-CNN evaluation image's 52.6 ms
 # on an A100). At most 1,000 / 0.05 = 20,000 can pass. gpemu keeps an upper bound on the sum (the "mass") of
 # softmax outputs through views (by their base), `clone`, `_unsafe_view` (a non-contiguous `reshape`) and `cat`
 # (the sum), and a `>`/`>=` comparison with a positive number gets the nonzero bound floor(mass / t) (Note [Nonzero
