@@ -147,6 +147,55 @@ def test_masks_scattered_into_zeros_select_at_most_what_was_written(emu: gt.Emul
     assert torch.nonzero(acc).shape == (1000, 1)  # accumulate: no bound kept (the prior value is added to)
 
 
+def test_softmax_scores_over_a_threshold_are_bounded_by_their_mass(emu: gt.Emulation) -> None:
+    # torchvision's RoIHeads.postprocess_detections (Note [Softmax mass]): softmax over 1,000 proposals x 91 classes,
+    # the background column dropped, flattened (a non-contiguous reshape: clone + _unsafe_view) and thresholded at
+    # 0.05. The 1,000 rows sum to 1,000, so at most 1,000 / 0.05 = 20,000 of the 90,000 scores exceed 0.05; the
+    # worst-case fraction selected all 90,000 before
+    logits = torch.randn(1000, 91, device="cuda")
+    for mode in (torch.no_grad, torch.inference_mode):  # inference mode dispatches the views as ops
+        with mode():
+            scores = torch.softmax(logits, -1).split([600, 400], 0)[0][:, 1:].reshape(-1)
+            assert scores.shape == (54_000,)
+            # a part holds at most the whole's mass (1,000; not its own 600 rows): 1,000 / 0.05 = 20,000 of 54,000
+            assert torch.where(scores > 0.05)[0].shape == (20_000,)
+            full = torch.nn.functional.softmax(logits, -1)[:, 1:].reshape(-1)
+            assert torch.where(full > 0.05)[0].shape == (20_000,)
+            assert torch.where(full >= 0.5)[0].shape == (2_000,)  # >=: at most 1,000 / 0.5
+            assert torch.where(torch.cat([full, full]) > 0.05)[0].shape == (40_000,)  # cat: the masses add
+            assert torch.where(full > 0.0)[0].shape == (90_000,)  # no positive threshold: no bound
+            assert torch.where(logits.reshape(-1) > 0.05)[0].shape == (91_000,)  # logits: no mass
+    probs = torch.softmax(logits, -1)
+    probs.mul_(100)  # an in-place change forgets the mass
+    assert torch.where(probs > 0.05)[0].shape == (91_000,)
+    expanded = torch.softmax(logits[:1], -1).expand(1000, 91).reshape(-1)  # expand repeats elements: no bound
+    assert torch.where(expanded > 0.05)[0].shape == (91_000,)
+
+
+def test_faster_rcnn_evaluation_nms_runs_on_the_bounded_detections(emu: gt.Emulation) -> None:
+    torchvision = pytest.importorskip("torchvision")
+    import gpemu.torch_backend.ops as ops
+
+    model = torchvision.models.detection.fasterrcnn_resnet50_fpn(
+        weights=None, weights_backbone=None, num_classes=91, min_size=128, max_size=160).cuda().eval()
+    sizes: list[int] = []
+    nms = ops.DATA_DEPENDENT_BY_NAME["torchvision::nms"]
+
+    def spy(func, args, kwargs):  # type: ignore[no-untyped-def]
+        sizes.append(args[0].shape[0])
+        return nms(func, args, kwargs)
+
+    ops.DATA_DEPENDENT_BY_NAME["torchvision::nms"] = spy
+    try:
+        with torch.inference_mode():  # as torchvision's references/detection evaluate() runs it
+            model([torch.rand(3, 128, 160, device="cuda")])
+    finally:
+        ops.DATA_DEPENDENT_BY_NAME["torchvision::nms"] = nms
+    # the RPN's NMS, then postprocess_detections' over the boxes scoring above box_score_thresh 0.05: at most
+    # 1,000 proposals (rpn_post_nms_top_n_test) / 0.05 = 20,000, where all 1,000 x 90 = 90,000 ran before
+    assert sizes[-1] == 20_000
+
+
 def test_mask_rcnn_heads_run_on_the_sampled_rois(emu: gt.Emulation) -> None:
     torchvision = pytest.importorskip("torchvision")
     model = torchvision.models.detection.maskrcnn_resnet50_fpn(

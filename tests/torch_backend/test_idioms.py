@@ -416,6 +416,21 @@ def test_sanity_checks_read_back_as_passing(emu: gt.Emulation) -> None:
     gt.set_value_hook(None)
 
 
+def test_finite_checks_read_back_as_passing(emu: gt.Emulation) -> None:
+    # Note [Finite checks read back as passing]: ultralytics' trainer runs `not self.loss.isfinite()` each epoch; the
+    # computed loss read zeros (False: "not finite") and it warned "Loss NaN/Inf detected" on every emulated run
+    w = torch.randn(4, device="cuda", requires_grad=True)
+    loss = (w * 2).sum()
+    for mode in (torch.enable_grad, torch.no_grad, torch.inference_mode):
+        with mode():
+            assert bool(loss.isfinite()) and bool(torch.isfinite(loss)) and torch.isfinite(w).tolist() == [True] * 4
+    data = torch.tensor([1.0, float("inf"), float("nan")]).cuda()  # a host value: the real answer
+    assert torch.isfinite(data).tolist() == [True, False, False]
+    gt.set_value_hook(lambda shape, dtype, reason: 0)  # a value hook still answers first
+    assert not bool(torch.isfinite(loss))
+    gt.set_value_hook(None)
+
+
 def test_cuda_graphs_fail_with_a_clear_error(emu: gt.Emulation) -> None:
     with pytest.raises(GpemuError, match=r"torch.cuda.CUDAGraph: CUDA graph .* not emulated"):
         torch.cuda.CUDAGraph()

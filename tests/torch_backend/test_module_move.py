@@ -59,3 +59,22 @@ def test_a_recurrent_layer_inside_a_moved_module_keeps_its_identity(emu: gt.Emul
     assert [r() for r in model.gru._flat_weight_refs] == model.gru._flat_weights
     out, _h = model.gru(model.embedding(torch.tensor([[1], [2]], device="cuda")))
     assert out.shape == (2, 1, 16) and out.is_cuda
+
+
+def test_dtype_moves_on_the_device_do_not_warn_about_identity(emu: gt.Emulation, monkeypatch) -> None:
+    import warnings
+
+    from gpemu.torch_backend import module_move
+
+    # ultralytics' validator runs `model.float()` on its on-device EMA model, whose BatchNorm buffers torch's
+    # Module._apply replaces by new tensors (buffers keep no identity across a dtype change on a GPU either): gpemu
+    # warned "a parameter could not keep its identity when moved to the emulated GPU" on every run
+    monkeypatch.setattr(module_move, "_warned", False)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8)).cuda()
+    weight = model[0].weight
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.half()
+        model.float()
+    assert model[0].weight is weight and weight.dtype == torch.float32  # parameters keep their identity
+    assert isinstance(model[1].running_mean, EmuTensor) and model[1].running_mean.dtype == torch.float32

@@ -86,6 +86,26 @@ def test_cpu_tensor_meeting_a_cuda_tensor_raises_as_on_a_gpu(emu: gt.Emulation) 
     assert loss.is_cuda and logits.grad is not None
 
 
+def test_type_as_moves_across_devices_in_every_grad_mode(emu: gt.Emulation) -> None:
+    # Note [type_as across devices]: `t.type_as(other)` is `t.to(other's dtype and device)`; ultralytics'
+    # make_anchors runs `torch.arange(w).type_as(feats[0])`: a plain meta tensor came back in autograd mode, and its
+    # inference-mode validation raised "Expected all tensors to be on the same device" (a GPU moves the tensor)
+    feats = torch.randn(2, 8, device="cuda", dtype=torch.float16)
+    for mode in (torch.enable_grad, torch.no_grad, torch.inference_mode):
+        with mode():
+            h2d_before = emu.devices[0].stats.h2d_bytes
+            sx = torch.arange(20).type_as(feats)
+            assert sx.is_cuda and sx.dtype == torch.float16 and sx.shape == (20,)
+            assert emu.devices[0].stats.h2d_bytes - h2d_before == 20 * 8  # the int64 arange is copied, then cast
+            back = feats.type_as(torch.zeros(1))
+            assert not back.is_cuda and back.dtype == torch.float32 and back.shape == (2, 8)
+            assert feats.type_as(torch.empty(1, device="cuda", dtype=torch.float32)).dtype == torch.float32
+            assert feats.type_as(feats) is feats  # no change: itself
+    with torch.inference_mode():  # the aten op reaches dispatch whole only here (autograd mode decomposes it first)
+        via_aten = torch.ops.aten.type_as(torch.arange(3), feats)
+        assert via_aten.is_cuda and via_aten.dtype == torch.float16
+
+
 def test_numpy_needs_cpu_like_cuda(emu: gt.Emulation) -> None:
     with pytest.raises(TypeError, match="cpu"):
         torch.zeros(2, device="cuda").numpy()

@@ -168,6 +168,31 @@ def with_fp32_modes(cost: OpCost, spec: GPUSpec, modes: tuple[bool, bool]) -> Op
     return cost
 
 
+# Note [Dilated convolutions]: e_conv / e_conv_bwd are above 1 because cuDNN runs spatial convolutions on CUDA cores
+# with Winograd / FFT algorithms that do fewer multiplies (Note [Pointwise convolutions] in model.py). cuDNN has
+# neither for a dilated convolution (its Winograd and FFT kernels take dilation 1 only): it runs implicit-GEMM
+# kernels, as for a 1x1 convolution. The fitted data (torchvision classification networks) has no dilated
+# convolution, so the Winograd efficiency was extrapolated to them: DeepLabV3's ASPP (3x3, dilation 12-36) and FCN's
+# dilated ResNet layers were priced above the fp32 peak on CUDA cores (a 960->256 ASPP convolution on a T4 at 13.2
+# TFLOP/s against its 8.1, on a V100 at 28.1 against 15.7). A dilated convolution is now priced as a pointwise
+# one: the GEMM efficiencies e_conv_1x1 / e_conv_1x1_bwd (capped at 1 in the fit), one kernel (no staged
+# transforms). Tensor-core convolutions (TF32, 16-bit) are priced at tc_eff either way and do not change.
+_DILATION_ARG = {"convolution": 5, "_convolution": 5, "conv1d": 5, "conv2d": 5, "conv3d": 5,
+                 "convolution_backward": 6}
+
+
+def is_dilated_conv(name: str, category: str, args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
+    """Return True for a dense convolution (forward or backward) with a dilation above 1 (Note [Dilated
+    convolutions])."""
+    idx = _DILATION_ARG.get(name)
+    if category != "conv" or idx is None:
+        return False
+    dilation = args[idx] if len(args) > idx else kwargs.get("dilation", 1)
+    if isinstance(dilation, int):
+        return dilation > 1
+    return isinstance(dilation, (list, tuple)) and any(int(d) > 1 for d in dilation)
+
+
 def op_time_s(func: Any, args: Sequence[Any], kwargs: dict[str, Any], out: Any, spec: GPUSpec) -> float:
     """Return one aten op's kernel seconds on `spec` (fitted roofline, no launch overhead), cached by signature."""
     modes = fp32_math_modes()
@@ -182,7 +207,8 @@ def op_time_s(func: Any, args: Sequence[Any], kwargs: dict[str, Any], out: Any, 
     plane = bn_plane(name, tuple(first.shape)) if isinstance(first, torch.Tensor) else math.inf
     cost = with_fp32_modes(op_cost(func, args, kwargs, out), spec, modes)
     shapes = [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
-    value = cost_time_s(cost, name, spec, plane=plane, pointwise=is_pointwise_conv(name, cost.category, shapes),
+    pointwise = is_pointwise_conv(name, cost.category, shapes) or is_dilated_conv(name, cost.category, args, kwargs)
+    value = cost_time_s(cost, name, spec, plane=plane, pointwise=pointwise,
                         group_width=conv_group_width(name, cost.category, shapes))
     if len(_cache) >= _CACHE_LIMIT:
         _cache.clear()

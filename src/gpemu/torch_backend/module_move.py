@@ -10,7 +10,9 @@ outermost `_apply` of a move onto the emulated device, every parameter and buffe
 original Python object (`torch.utils.swap_tensors`; gpemu's own weak references are moved across) and every module
 slot that shared the original object gets it again. If a swap is impossible (some other weak reference to the
 tensor), the slots still share one new tensor and a one-time warning says that references taken before the move see
-the CPU tensor.
+the CPU tensor. A dtype change of a module already on the device (`.half()`, `.float()`) replaces its buffers with
+new tensors, as torch does on a GPU (parameters keep identity through `param.data`): no warning (before session 10
+ultralytics' validator, which runs `model.float()` on its on-device EMA model, warned on every run).
 
 Recurrent layers inside a moved module: `RNNBase._apply` rebuilds `_flat_weight_refs` (weak references to its new
 parameters) once its own move is done, before the outermost `_apply` restores identity, so the swap saw someone
@@ -88,8 +90,11 @@ def _restore_identity(before: dict[int, tuple[Any, list[Slot]]]) -> None:
         new = table.get(name)
         if new is None or new is old:
             continue
-        keep = old if isinstance(new, EmuTensor) and not isinstance(old, EmuTensor) and _adopt(old, new) else new
-        if keep is new and isinstance(new, EmuTensor) and not _warned:
+        onto_device = isinstance(new, EmuTensor) and not isinstance(old, EmuTensor)
+        keep = old if onto_device and _adopt(old, new) else new
+        # only a move onto the device loses an identity a GPU keeps: an on-device dtype change replaces buffers on
+        # a GPU too (ultralytics' validator runs `model.float()` on its EMA model and warned on every run)
+        if keep is new and onto_device and not _warned:
             _warned = True
             warnings.warn("gpemu: a parameter could not keep its identity when moved to the emulated GPU; objects "
                           "taken before the move (e.g. an optimizer built before model.cuda()) still see the CPU "

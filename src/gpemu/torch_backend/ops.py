@@ -364,6 +364,26 @@ def _to_copy(func: Any, args: Any, kwargs: Any) -> Any:
     return run_op(func, args, kwargs)
 
 
+# Note [type_as across devices]: `t.type_as(other)` is `t.to(other's dtype and device)`, so a CPU tensor meeting a
+# CUDA one moves to the GPU: ultralytics' make_anchors builds `torch.arange(w).type_as(feats[0])`. In autograd mode
+# torch decomposes it into `to(other.options())`, whose device is the wrapper's C++ `meta`: the result was a plain
+# meta tensor, not an emulated one, with no copy charged. Under inference mode (ultralytics' validation,
+# torchvision's evaluate) `aten.type_as` reaches gpemu whole, and the device check (Note [Tensors on two devices])
+# raised "Expected all tensors to be on the same device" where a GPU moves the tensor. `Tensor.type_as` is patched
+# to `self.to(other)` when either side is emulated (patches.py), and the aten op is handled as the copy it is.
+@_special(aten.type_as.default)
+def _type_as(func: Any, args: Any, kwargs: Any) -> Any:
+    x, other = args[0], args[1]
+    if isinstance(x, EmuTensor) and isinstance(other, EmuTensor):
+        if x.dtype == other.dtype and x._index == other._index:
+            return x
+        return _to_copy(aten._to_copy.default, (x,), {"dtype": other.dtype, "device": other.device})
+    if isinstance(other, EmuTensor):  # a CPU tensor: copied to the device, then cast
+        return host_to_device(x, other._index, dtype=other.dtype)
+    # an emulated tensor meeting a CPU one: read back to the host
+    return device_to_host(x, reason="tensor.type_as()", dtype=None if x.dtype == other.dtype else other.dtype)
+
+
 # Note [Plain meta tensors in copies]: C++ code that allocates with an emulated tensor's options gets plain meta
 # tensors (DDP's Reducer buckets: Note [DDP on one rank] in gpemu/distributed/ddp.py). Such a tensor stands for
 # memory on the emulated tensor's device, so a copy between the two is a device-to-device copy priced like any
@@ -537,6 +557,120 @@ def _keep_bound(func: Any, args: Any, kwargs: Any) -> Any:
         bound = _bound_sum(args[0]) if func is aten.cat.default else nonzero_bound(args[0])
         if bound is not None:
             set_nonzero_bound(out, bound)
+    if _mass and isinstance(out, EmuTensor) and out is not args[0]:  # Note [Softmax mass]
+        mass = _mass_sum(args[0]) if func is aten.cat.default else mass_bound(args[0])
+        if mass is not None:
+            set_mass(out, mass)
+    return out
+
+
+# Note [Softmax mass]: a softmax output's rows each sum to 1, so its elements (all >= 0) sum to its row count R,
+# and so does any part of it; at most floor(R / t) of them can exceed t > 0, whatever the logits. Detection models
+# threshold class scores this way: torchvision's RoIHeads.postprocess_detections takes `softmax(class_logits)`,
+# drops the background column, flattens it and keeps `torch.where(scores > box_score_thresh)` (0.05). With the
+# worst-case `nonzero_fraction` every one of the 1,000 proposals x 90 classes passed: batched_nms then ran one NMS
+# over 90,000 boxes, priced as a pass over its 90,000^2 IoU pairs (45 ms of a Faster R-CNN evaluation image's 52.6 ms
+# on an A100). At most 1,000 / 0.05 = 20,000 can pass. gpemu keeps an upper bound on the sum (the "mass") of
+# softmax outputs through views (by their base), `clone`, `_unsafe_view` (a non-contiguous `reshape`) and `cat`
+# (the sum), and a `>`/`>=` comparison with a positive number gets the nonzero bound floor(mass / t) (Note [Nonzero
+# bounds]). A part keeps the whole's mass (a batch-2 evaluation's per-image split of 2 x 1,000 rows is bounded by
+# 2,000 / 0.05 = 40,000 per image: looser, still a bound); `expand` repeats elements and keeps none. Like nonzero
+# bounds the mass is tied to the tensor's version: an in-place op forgets it.
+
+# id(emulated tensor) -> (weakref to it, an upper bound on the sum of its elements (all >= 0), its version)
+_mass: dict[int, tuple[weakref.ref[EmuTensor], float, int]] = {}
+
+
+def set_mass(t: EmuTensor, mass: float) -> None:
+    """Record that `t`'s elements are >= 0 and sum to at most `mass` until it changes (Note [Softmax mass])."""
+    key = id(t)
+    _mass[key] = (weakref.ref(t, lambda _ref, key=key: _mass.pop(key, None)),  # type: ignore[misc]
+                  mass, _version_of(t))
+
+
+def mass_bound(t: Any) -> float | None:
+    """Return an upper bound on the sum of `t`'s (non-negative) elements, or None (Note [Softmax mass])."""
+    if not isinstance(t, EmuTensor):
+        return None
+    base: torch.Tensor | None = t._base
+    for src in (t,) if base is None else (t, base):  # a view holds a subset of its base's elements, when it repeats
+        entry = _mass.get(id(src))  # none (not `expand`)
+        if entry is None or entry[0]() is not src:
+            continue
+        if src is not t and not _no_overlap(t):
+            return None
+        if entry[2] != _version_of(src):  # changed in place (an inference tensor's changes go unseen, as for bounds)
+            _mass.pop(id(src), None)
+            return None
+        return entry[1]
+    return None
+
+
+def _no_overlap(t: torch.Tensor) -> bool:
+    """Return True when no two indices of `t` address the same element (sufficient test on sizes and strides)."""
+    extent = 0
+    for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride(), strict=True) if sz > 1):
+        if stride <= extent:
+            return False
+        extent += (size - 1) * stride
+    return True
+
+
+def _mass_sum(ts: Any) -> float | None:
+    """Return the sum of the mass bounds of `ts`, or None when one of them has none."""
+    total = 0.0
+    for t in ts:
+        m = mass_bound(t)
+        if m is None:
+            return None
+        total += m
+    return total
+
+
+@_special(aten._softmax.default, aten.softmax.int)  # softmax.int reaches dispatch undecomposed in some runs
+def _softmax(func: Any, args: Any, kwargs: Any) -> Any:
+    out = run_op(func, args, kwargs)
+    if _known_values_enabled(args):
+        propagate_known(func, args, kwargs, out)
+    x, dim = args[0], args[1]
+    if isinstance(out, EmuTensor) and out.numel():
+        set_mass(out, out.numel() / (x.shape[dim] if x.dim() else 1))
+    return out
+
+
+def _subset(func: Any, args: Any, kwargs: Any) -> Any:
+    """An op whose outputs hold (some of) its input's elements, each once: they keep its mass bound
+    (Note [Softmax mass])."""
+    out = run_op(func, args, kwargs)
+    if _known_values_enabled(args):
+        propagate_known(func, args, kwargs, out)
+    if _mass:
+        mass = mass_bound(args[0])
+        if mass is not None:
+            for o in out if isinstance(out, (list, tuple)) else (out,):
+                if isinstance(o, EmuTensor) and _no_overlap(o):
+                    set_mass(o, mass)
+    return out
+
+
+# a non-contiguous reshape's copy (`_unsafe_view` of a clone), and the views that reach dispatch as ops under
+# inference mode (autograd-mode views keep their base, which mass_bound reads)
+for _op in (aten._unsafe_view.default, aten.slice.Tensor, aten.split_with_sizes.default, aten.split.Tensor,
+            aten.select.int, aten.reshape.default, aten.view.default, aten.flatten.using_ints, aten.alias.default,
+            aten.detach.default, aten.contiguous.default, aten.narrow.default):
+    SPECIAL[_op] = _subset
+
+
+@_special(aten.gt.Scalar, aten.ge.Scalar)
+def _compare_scalar(func: Any, args: Any, kwargs: Any) -> Any:
+    out = run_op(func, args, kwargs)
+    if _known_values_enabled(args):
+        propagate_known(func, args, kwargs, out)
+    threshold = args[1]
+    if _mass and isinstance(out, EmuTensor) and isinstance(threshold, (int, float)) and threshold > 0:
+        mass = mass_bound(args[0])
+        if mass is not None:
+            set_nonzero_bound(out, math.floor(mass / threshold))
     return out
 
 
@@ -687,6 +821,22 @@ for _packet in (aten.all, aten.any):
             SPECIAL[getattr(_packet, _name)] = _all_any
 SPECIAL[aten._is_all_true.default] = _all_any  # torch.distributions' argument validation
 SPECIAL[aten._is_any_true.default] = _all_any
+
+
+# Note [Finite checks read back as passing]: `isfinite` of a computed tensor read back the default zeros, i.e. False:
+# "not finite". ultralytics' trainer checks `not self.loss.isfinite()` after every epoch and warned "Loss NaN/Inf
+# detected" (and tries to reload last.pt) on every emulated run. Like all()/any() (Note [Sanity checks read back as
+# passing]), a computed value's isfinite reads True (up to 64 KiB of output: larger ones are read through all());
+# a host-known value's is computed. isnan/isinf read False already (zeros). torch decomposes isfinite before
+# dispatch in autograd mode (`(x == x) * (x.abs() != inf)`), so `torch.isfinite` and `Tensor.isfinite` are
+# patched (patches.py) and call this on their result.
+def finite_check_passes(out: Any) -> Any:
+    """Make `out` (an isfinite result) read True where its value is not known (Note [Finite checks read back as
+    passing])."""
+    if (isinstance(out, EmuTensor) and (not _known or id(out) not in _known)
+            and out.numel() * out.element_size() <= KNOWN_VALUE_MAX_BYTES):
+        set_known_value(out, torch.ones(tuple(out.shape), dtype=out.dtype), default=True)
+    return out
 
 
 # Note [Unique on read values]: `torch.unique` and friends size their outputs by the input's values. gpemu answers

@@ -28,6 +28,7 @@ from gpemu.torch_backend import (
 from gpemu.torch_backend.ops import (
     KNOWN_VALUE_MAX_BYTES,
     device_to_host,
+    finite_check_passes,
     host_to_device,
     peer_copy,
     set_known_value,
@@ -131,6 +132,26 @@ def _patched_to(orig: Callable[..., Any]) -> Callable[..., Any]:
         return out
 
     return to
+
+
+def _patched_isfinite(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def isfinite(self: torch.Tensor) -> Any:
+        out = orig(self)
+        return finite_check_passes(out) if isinstance(self, EmuTensor) else out  # Note [Finite checks read
+        # back as passing] in ops.py
+
+    return isfinite
+
+
+def _patched_type_as(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def type_as(self: torch.Tensor, other: torch.Tensor) -> Any:
+        if isinstance(other, EmuTensor) or isinstance(self, EmuTensor):  # Note [type_as across devices] in ops.py
+            return self.to(other)
+        return orig(self, other)
+
+    return type_as
 
 
 def _patched_cuda(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -504,7 +525,8 @@ def apply(emu: state.Emulation, patcher: Patcher) -> None:
     T = torch.Tensor
     for name, make in (("to", _patched_to), ("cuda", _patched_cuda), ("pin_memory", _patched_pin_memory),
                        ("is_pinned", _patched_is_pinned), ("tolist", _patched_tolist), ("numpy", _patched_numpy),
-                       ("record_stream", _patched_record_stream), ("new_tensor", _patched_new_tensor)):
+                       ("record_stream", _patched_record_stream), ("new_tensor", _patched_new_tensor),
+                       ("type_as", _patched_type_as), ("isfinite", _patched_isfinite)):
         patcher.set(T, name, make(getattr(T, name)))
     import torch.distributed as dist
 
@@ -559,6 +581,7 @@ def apply(emu: state.Emulation, patcher: Patcher) -> None:
             patcher.set(clip_grad, "_device_has_foreach_support", has_support)
     patcher.set(torch, "compile", _eager_compile)
     patcher.set(torch, "ctc_loss", _ctc_loss_with_host_lengths(torch.ctc_loss))
+    patcher.set(torch, "isfinite", _patched_isfinite(torch.isfinite))
     import torch.backends.mha as mha
 
     if hasattr(mha, "get_fastpath_enabled"):  # See Note [Transformer fast path]
