@@ -51,10 +51,30 @@ def _predicted_samples_per_s(gpu: str, name: str, batch: int) -> float:
     return batch / seconds
 
 
+def _write_expected_error(errors_pct: list[float]) -> None:
+    """Store the absolute errors as expected_error.json's "published-inference" path (Note [Expected error])."""
+    import numpy as np
+
+    from gpemu.cost.expected_error import EXPECTED_ERROR_PATH
+
+    table = json.loads(EXPECTED_ERROR_PATH.read_text())
+    absolute = np.abs(np.asarray(errors_pct))
+    table["paths"]["published-inference"] = {
+        "basis": f"timm's published inference throughputs (AMP, eval, no_grad), {len(errors_pct)} rows of 38 "
+                 "architectures on RTX 3090 / 4090 / 5090 and RTX PRO 6000 Max-Q (bench/timm_infer_validation.py, "
+                 f"{time.strftime('%Y-%m-%d')})",
+        "inference": {"median_abs_pct": round(float(np.median(absolute)), 2),
+                      "p90_abs_pct": round(float(np.percentile(absolute, 90)), 2), "rows": len(errors_pct)}}
+    EXPECTED_ERROR_PATH.write_text(json.dumps(table, indent=1) + "\n")
+    print(f"wrote {EXPECTED_ERROR_PATH}")
+
+
 def main() -> None:
     """Print the tables and the summaries."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    p.add_argument("--write", action="store_true", help="store the errors as the 'published-inference' path of "
+                                                        "src/gpemu/cost/expected_error.json (Note [Expected error])")
     args = p.parse_args()
     try:
         import timm  # noqa: F401
@@ -81,6 +101,8 @@ def main() -> None:
         out.append({"file": file_key, "gpu": gpu, "model": name, "batch_size": batch,
                     "published_samples_per_s": published, "predicted_samples_per_s": predicted,
                     "error_pct": 100 * (predicted / published - 1), "source": SOURCES[file_key]})
+    if args.write:
+        _write_expected_error([float(r["error_pct"]) for r in out])  # type: ignore[arg-type]
     if args.json:
         print(json.dumps(out, indent=1))
         return

@@ -57,3 +57,15 @@ def test_predict_step_infer_mode() -> None:
     assert out["memory"]["source"] == "predicted" and "inference" in out["memory"]["provenance"]
     with pytest.raises(UnknownNameError, match="one of infer, train"):
         predict_step("a100", "resnet18", 64, mode="eval")
+
+
+def test_inference_figures_have_their_own_expected_error() -> None:
+    from gpemu.cost.expected_error import expected_error
+
+    # Note [Expected error]: a 16-bit inference forward of an image model is judged by timm's published inference
+    # rows, a training phase by the whole-model training rows
+    infer = expected_error("spec-model", "predicted", "inference", "amp", "vision")
+    train = expected_error("spec-model", "predicted", "forward", "amp", "vision")
+    assert infer is not None and train is not None
+    assert "inference" in infer.basis and infer.rows >= 100
+    assert infer.basis != train.basis

@@ -20,7 +20,8 @@ from typing import Any
 #   not in the fit: a user's own module, a torchvision model outside the data);
 # - "published-models" / "published-layers": 16-bit and TF32 predictions have no measured rows in ../shared/data,
 #   so their figures are the published real-GPU throughputs of bench/published_validation.py (whole CNNs; BERT and
-#   GPT-2 layers for language models).
+#   GPT-2 layers for language models); "published-inference": an inference forward of an image model in 16-bit or
+#   TF32, timm's published inference throughputs on recent RTX boards (bench/timm_infer_validation.py --write).
 # Written by `bench/predict_validation.py --write` and `bench/published_validation.py --write`, never by hand; the
 # file records the fitted.json it was measured against (`fitted_sha256`) and a test fails when fitted.json has
 # changed since, so a refit without a re-validation does not ship old error figures. The figures are of the fp32
@@ -84,6 +85,8 @@ def expected_error(path: str, kind: str, phase: str, dtype: str = "fp32", model_
     """Return the validation error of the path that produced a forward/backward figure (None when there is none)."""
     key = table_key(path, kind, dtype, model_kind, seen_model)
     table = load_table()
+    if phase == "inference" and key == "published-models" and "published-inference" in table.get("paths", {}):
+        key = "published-inference"  # timm's inference rows (bench/timm_infer_validation.py --write)
     entry = table.get("paths", {}).get(key) if key else None
     if not entry:
         return None
