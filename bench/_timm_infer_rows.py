@@ -1,20 +1,27 @@
 """Published timm inference throughputs (samples/s) on RTX 3090, 4090, 5090 and RTX PRO 6000 Max-Q, as data.
 
-Source: huggingface/pytorch-image-models, the `results/benchmark-infer-amp-nchw-*.csv` files named in SOURCES
+Source: huggingface/pytorch-image-models, the `results/benchmark-infer-amp-{nchw,nhwc}-*.csv` files named in SOURCES
 (repo, path @ commit, as the stored index gave them; the non-dynamo runs only). Those CSVs are written by timm's
-benchmark.py in inference mode: model.eval() under torch.no_grad(), AMP (torch.autocast, fp16), NCHW
-(channels_first) layout, a synthetic random input batch, no data loading. Their columns are model,
-infer_img_size, infer_samples_per_sec, infer_step_time (ms per batch), infer_batch_size, param_count (M),
-infer_gmacs, infer_macts; this module keeps the first five. File names say the software: pt240-cu124 =
-PyTorch 2.4.0 + CUDA 12.4, pt291-cu128 / -cu130 = PyTorch 2.9.1 + CUDA 12.8 / 13.0; "pro6000maxq" is the
-NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition.
+benchmark.py in inference mode: model.eval() under torch.no_grad(), AMP (torch.autocast, fp16), a synthetic random
+input batch, no data loading. "nchw" files run the default (channels_first) layout; "nhwc" files run
+`benchmark.py --channels-last`, i.e. the model and the input converted to torch.channels_last (LAYOUT says which, per
+file). Their columns are model, infer_img_size, infer_samples_per_sec, infer_step_time (ms per batch),
+infer_batch_size, param_count (M), infer_gmacs, infer_macts (the pt112 files list the same columns in another order);
+this module keeps the first five. File names say the software: pt112-cu113 = PyTorch 1.12 + CUDA 11.3 (2022),
+pt240-cu124 = PyTorch 2.4.0 + CUDA 12.4, pt291-cu128 / -cu130 = PyTorch 2.9.1 + CUDA 12.8 / 13.0; "pro6000maxq" is
+the NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition. Same-GPU, same-PyTorch layout pairs: rtx3090-pt240 /
+rtx3090-pt240-nhwc, rtx4090-pt240 / rtx4090-pt240-nhwc, rtx3090-pt112 / rtx3090-pt112-nhwc.
 
 ROWS holds, per file, the row at img_size 224 of each model in MODELS, or the model's own size where the file has
-no 224 row (inception_v3 at 299, efficientnet_b3 at 288, its pretrained input size). Every model of MODELS is in
-every file (200 rows). Numbers are copied verbatim from the file text; infer_step_time agrees with
-infer_batch_size / infer_samples_per_sec to <1% on every row (a transcription check). Batch size is 1024 in the
-four GeForce files except efficientnet_b3 on rtx3090-pt240 / rtx4090-pt240 (512), and 2048 in the pro6000maxq
-file.
+no 224 row: inception_v3 at 299 and efficientnet_b3 at 288 (its pretrained input size) in the pt240 / pt291 files;
+the pt112 files list one size per model (timm 0.6's test size), so there efficientnet_b3 is at 320 and regnety_032 /
+regnety_040 are at 288. Every model of MODELS is in every file (9 files x 40 = 360 rows; no model is missing). Numbers
+are copied verbatim from the file text; infer_step_time agrees with infer_batch_size / infer_samples_per_sec to <1%
+on every row (a transcription check). Batch size: 1024 in the GeForce pt240 / pt291 files except efficientnet_b3 on
+rtx3090-pt240 / rtx4090-pt240 (512); 2048 in the pro6000maxq file; 512 on every row of rtx4090-pt240-nhwc; 1024 on
+rtx3090-pt240-nhwc; in the pt112 files 1024 except efficientnet_b3 (512), regnety_040 (768) and vgg16 (512 in
+rtx3090-pt112, 1024 in rtx3090-pt112-nhwc). A text copy of the rows read is kept outside the repo in
+/work/upstream/timm-results/rows-<file_key>.txt (SOURCE.txt names each file and commit).
 """
 
 from __future__ import annotations
@@ -26,6 +33,23 @@ SOURCES: dict[str, str] = {
     "rtx4090-pt291": "huggingface/pytorch-image-models results/benchmark-infer-amp-nchw-pt291-cu128-4090.csv @ 90cae8c5ab83d2d7e23b1fb2bab1559bfdcbc7e9",
     "rtx5090-pt291": "huggingface/pytorch-image-models results/benchmark-infer-amp-nchw-pt291-cu130-5090.csv @ 90cae8c5ab83d2d7e23b1fb2bab1559bfdcbc7e9",
     "pro6000maxq-pt291": "huggingface/pytorch-image-models results/benchmark-infer-amp-nchw-pt291-cu130-pro6000maxq.csv @ 90cae8c5ab83d2d7e23b1fb2bab1559bfdcbc7e9",
+    "rtx3090-pt240-nhwc": "huggingface/pytorch-image-models results/benchmark-infer-amp-nhwc-pt240-cu124-rtx3090.csv @ 5c33776aa59f0f05bfb8008ff546ed4c09083f1a",
+    "rtx4090-pt240-nhwc": "huggingface/pytorch-image-models results/benchmark-infer-amp-nhwc-pt240-cu124-rtx4090.csv @ 7479d451a6dfd8af27f941b8e82a7402461fae80",
+    "rtx3090-pt112": "huggingface/pytorch-image-models results/benchmark-infer-amp-nchw-pt112-cu113-rtx3090.csv @ c865028c34fc05cc7deea8e753b30d8cd1952591",
+    "rtx3090-pt112-nhwc": "huggingface/pytorch-image-models results/benchmark-infer-amp-nhwc-pt112-cu113-rtx3090.csv @ c865028c34fc05cc7deea8e753b30d8cd1952591",
+}
+
+# file_key -> the input / model memory format of the run: "nchw", or "channels_last" (benchmark.py --channels-last)
+LAYOUT: dict[str, str] = {
+    "rtx3090-pt240": "nchw",
+    "rtx4090-pt240": "nchw",
+    "rtx4090-pt291": "nchw",
+    "rtx5090-pt291": "nchw",
+    "pro6000maxq-pt291": "nchw",
+    "rtx3090-pt240-nhwc": "channels_last",
+    "rtx4090-pt240-nhwc": "channels_last",
+    "rtx3090-pt112": "nchw",
+    "rtx3090-pt112-nhwc": "channels_last",
 }
 
 MODELS: tuple[str, ...] = (
@@ -246,4 +270,168 @@ ROWS: tuple[tuple[str, str, int, float, float, int], ...] = (
     ("pro6000maxq-pt291", "levit_128", 224, 28621.7, 71.531, 2048),
     ("pro6000maxq-pt291", "cait_xxs24_224", 224, 3089.89, 662.762, 2048),
     ("pro6000maxq-pt291", "beit_base_patch16_224", 224, 3678.91, 556.652, 2048),
+    # rtx3090-pt240-nhwc
+    ("rtx3090-pt240-nhwc", "resnet18", 224, 11188.75, 91.511, 1024),
+    ("rtx3090-pt240-nhwc", "resnet34", 224, 6529.57, 156.815, 1024),
+    ("rtx3090-pt240-nhwc", "resnet50", 224, 3729.86, 274.531, 1024),
+    ("rtx3090-pt240-nhwc", "resnet101", 224, 2287.55, 447.629, 1024),
+    ("rtx3090-pt240-nhwc", "resnet152", 224, 1606.24, 637.501, 1024),
+    ("rtx3090-pt240-nhwc", "resnext50_32x4d", 224, 3135.91, 326.53, 1024),
+    ("rtx3090-pt240-nhwc", "wide_resnet50_2", 224, 2093.41, 489.145, 1024),
+    ("rtx3090-pt240-nhwc", "seresnet50", 224, 3243.29, 315.718, 1024),
+    ("rtx3090-pt240-nhwc", "resnet50d", 224, 3420.07, 299.4, 1024),
+    ("rtx3090-pt240-nhwc", "densenet121", 224, 3031.71, 337.752, 1024),
+    ("rtx3090-pt240-nhwc", "densenet201", 224, 1923.55, 532.337, 1024),
+    ("rtx3090-pt240-nhwc", "vgg16", 224, 1729.39, 592.106, 1024),
+    ("rtx3090-pt240-nhwc", "inception_v3", 299, 2561.31, 399.784, 1024),
+    ("rtx3090-pt240-nhwc", "mobilenetv2_100", 224, 9887.57, 103.554, 1024),
+    ("rtx3090-pt240-nhwc", "mobilenetv3_large_100", 224, 13556.89, 75.524, 1024),
+    ("rtx3090-pt240-nhwc", "efficientnet_b0", 224, 8241.4, 124.241, 1024),
+    ("rtx3090-pt240-nhwc", "efficientnet_b3", 288, 2053.58, 498.63, 1024),
+    ("rtx3090-pt240-nhwc", "mnasnet_100", 224, 11914.93, 85.933, 1024),
+    ("rtx3090-pt240-nhwc", "ghostnet_100", 224, 11799.55, 86.773, 1024),
+    ("rtx3090-pt240-nhwc", "regnety_016", 224, 3879.4, 263.947, 1024),
+    ("rtx3090-pt240-nhwc", "regnety_032", 224, 2640.33, 387.82, 1024),
+    ("rtx3090-pt240-nhwc", "regnety_040", 224, 3558.64, 287.74, 1024),
+    ("rtx3090-pt240-nhwc", "regnetx_032", 224, 3239.67, 316.071, 1024),
+    ("rtx3090-pt240-nhwc", "vit_tiny_patch16_224", 224, 10405.73, 98.398, 1024),
+    ("rtx3090-pt240-nhwc", "vit_small_patch16_224", 224, 4616.6, 221.798, 1024),
+    ("rtx3090-pt240-nhwc", "vit_base_patch16_224", 224, 1572.08, 651.357, 1024),
+    ("rtx3090-pt240-nhwc", "vit_base_patch32_224", 224, 5114.3, 200.213, 1024),
+    ("rtx3090-pt240-nhwc", "vit_large_patch16_224", 224, 487.63, 2099.948, 1024),
+    ("rtx3090-pt240-nhwc", "deit_small_patch16_224", 224, 4640.58, 220.651, 1024),
+    ("rtx3090-pt240-nhwc", "convnext_tiny", 224, 3120.16, 328.178, 1024),
+    ("rtx3090-pt240-nhwc", "convnext_small", 224, 1878.13, 545.211, 1024),
+    ("rtx3090-pt240-nhwc", "convnext_base", 224, 1309.55, 781.937, 1024),
+    ("rtx3090-pt240-nhwc", "swin_tiny_patch4_window7_224", 224, 2008.94, 509.712, 1024),
+    ("rtx3090-pt240-nhwc", "swin_small_patch4_window7_224", 224, 1233.81, 829.94, 1024),
+    ("rtx3090-pt240-nhwc", "mixer_b16_224", 224, 1768.46, 579.024, 1024),
+    ("rtx3090-pt240-nhwc", "poolformer_s12", 224, 4088.18, 250.468, 1024),
+    ("rtx3090-pt240-nhwc", "xcit_tiny_12_p16_224", 224, 5519.98, 185.498, 1024),
+    ("rtx3090-pt240-nhwc", "levit_128", 224, 15600.03, 65.631, 1024),
+    ("rtx3090-pt240-nhwc", "cait_xxs24_224", 224, 1772.36, 577.749, 1024),
+    ("rtx3090-pt240-nhwc", "beit_base_patch16_224", 224, 1536.2, 666.568, 1024),
+    # rtx4090-pt240-nhwc
+    ("rtx4090-pt240-nhwc", "resnet18", 224, 18247.43, 28.048, 512),
+    ("rtx4090-pt240-nhwc", "resnet34", 224, 11246.05, 45.512, 512),
+    ("rtx4090-pt240-nhwc", "resnet50", 224, 5088.39, 100.61, 512),
+    ("rtx4090-pt240-nhwc", "resnet101", 224, 3320.94, 154.16, 512),
+    ("rtx4090-pt240-nhwc", "resnet152", 224, 2347.77, 218.062, 512),
+    ("rtx4090-pt240-nhwc", "resnext50_32x4d", 224, 4219.51, 121.328, 512),
+    ("rtx4090-pt240-nhwc", "wide_resnet50_2", 224, 3280.9, 156.042, 512),
+    ("rtx4090-pt240-nhwc", "seresnet50", 224, 4275.51, 119.739, 512),
+    ("rtx4090-pt240-nhwc", "resnet50d", 224, 4716.19, 108.549, 512),
+    ("rtx4090-pt240-nhwc", "densenet121", 224, 3896.08, 131.4, 512),
+    ("rtx4090-pt240-nhwc", "densenet201", 224, 2499.62, 204.817, 512),
+    ("rtx4090-pt240-nhwc", "vgg16", 224, 2904.86, 176.241, 512),
+    ("rtx4090-pt240-nhwc", "inception_v3", 299, 4356.9, 117.497, 512),
+    ("rtx4090-pt240-nhwc", "mobilenetv2_100", 224, 11768.03, 43.497, 512),
+    ("rtx4090-pt240-nhwc", "mobilenetv3_large_100", 224, 16891.88, 30.3, 512),
+    ("rtx4090-pt240-nhwc", "efficientnet_b0", 224, 9831.68, 52.064, 512),
+    ("rtx4090-pt240-nhwc", "efficientnet_b3", 288, 2886.07, 177.389, 512),
+    ("rtx4090-pt240-nhwc", "mnasnet_100", 224, 14430.36, 35.465, 512),
+    ("rtx4090-pt240-nhwc", "ghostnet_100", 224, 15502.44, 33.013, 512),
+    ("rtx4090-pt240-nhwc", "regnety_016", 224, 5793.48, 88.359, 512),
+    ("rtx4090-pt240-nhwc", "regnety_032", 224, 3890.61, 131.586, 512),
+    ("rtx4090-pt240-nhwc", "regnety_040", 224, 4833.84, 105.901, 512),
+    ("rtx4090-pt240-nhwc", "regnetx_032", 224, 4377.92, 116.931, 512),
+    ("rtx4090-pt240-nhwc", "vit_tiny_patch16_224", 224, 17589.76, 29.098, 512),
+    ("rtx4090-pt240-nhwc", "vit_small_patch16_224", 224, 7695.68, 66.52, 512),
+    ("rtx4090-pt240-nhwc", "vit_base_patch16_224", 224, 2843.0, 180.077, 512),
+    ("rtx4090-pt240-nhwc", "vit_base_patch32_224", 224, 10426.38, 49.097, 512),
+    ("rtx4090-pt240-nhwc", "vit_large_patch16_224", 224, 903.87, 566.434, 512),
+    ("rtx4090-pt240-nhwc", "deit_small_patch16_224", 224, 7692.21, 66.546, 512),
+    ("rtx4090-pt240-nhwc", "convnext_tiny", 224, 4844.53, 105.672, 512),
+    ("rtx4090-pt240-nhwc", "convnext_small", 224, 2979.27, 171.842, 512),
+    ("rtx4090-pt240-nhwc", "convnext_base", 224, 2096.16, 244.241, 512),
+    ("rtx4090-pt240-nhwc", "swin_tiny_patch4_window7_224", 224, 2744.11, 186.57, 512),
+    ("rtx4090-pt240-nhwc", "swin_small_patch4_window7_224", 224, 1706.58, 299.999, 512),
+    ("rtx4090-pt240-nhwc", "mixer_b16_224", 224, 2837.28, 180.433, 512),
+    ("rtx4090-pt240-nhwc", "poolformer_s12", 224, 5207.23, 98.311, 512),
+    ("rtx4090-pt240-nhwc", "xcit_tiny_12_p16_224", 224, 7972.61, 64.209, 512),
+    ("rtx4090-pt240-nhwc", "levit_128", 224, 21210.51, 24.129, 512),
+    ("rtx4090-pt240-nhwc", "cait_xxs24_224", 224, 2634.11, 194.359, 512),
+    ("rtx4090-pt240-nhwc", "beit_base_patch16_224", 224, 2706.18, 189.182, 512),
+    # rtx3090-pt112
+    ("rtx3090-pt112", "resnet18", 224, 9171.4, 111.64, 1024),
+    ("rtx3090-pt112", "resnet34", 224, 5356.43, 191.161, 1024),
+    ("rtx3090-pt112", "resnet50", 224, 2733.34, 374.621, 1024),
+    ("rtx3090-pt112", "resnet101", 224, 1676.67, 610.719, 1024),
+    ("rtx3090-pt112", "resnet152", 224, 1170.69, 874.682, 1024),
+    ("rtx3090-pt112", "resnext50_32x4d", 224, 2199.44, 465.561, 1024),
+    ("rtx3090-pt112", "wide_resnet50_2", 224, 1618.04, 632.851, 1024),
+    ("rtx3090-pt112", "seresnet50", 224, 2438.84, 419.859, 1024),
+    ("rtx3090-pt112", "resnet50d", 224, 2584.02, 396.27, 1024),
+    ("rtx3090-pt112", "densenet121", 224, 2467.71, 414.945, 1024),
+    ("rtx3090-pt112", "densenet201", 224, 1515.85, 675.514, 1024),
+    ("rtx3090-pt112", "vgg16", 224, 1464.57, 349.576, 512),
+    ("rtx3090-pt112", "inception_v3", 299, 2240.78, 456.965, 1024),
+    ("rtx3090-pt112", "mobilenetv2_100", 224, 8360.81, 122.466, 1024),
+    ("rtx3090-pt112", "mobilenetv3_large_100", 224, 10295.13, 99.453, 1024),
+    ("rtx3090-pt112", "efficientnet_b0", 224, 6576.16, 155.702, 1024),
+    ("rtx3090-pt112", "efficientnet_b3", 320, 1761.71, 290.615, 512),
+    ("rtx3090-pt112", "mnasnet_100", 224, 9128.95, 112.159, 1024),
+    ("rtx3090-pt112", "ghostnet_100", 224, 9264.87, 110.513, 1024),
+    ("rtx3090-pt112", "regnety_016", 224, 3624.55, 282.503, 1024),
+    ("rtx3090-pt112", "regnety_032", 288, 1576.03, 649.722, 1024),
+    ("rtx3090-pt112", "regnety_040", 288, 1597.66, 480.688, 768),
+    ("rtx3090-pt112", "regnetx_032", 224, 2852.1, 359.019, 1024),
+    ("rtx3090-pt112", "vit_tiny_patch16_224", 224, 6769.81, 151.248, 1024),
+    ("rtx3090-pt112", "vit_small_patch16_224", 224, 3000.37, 341.279, 1024),
+    ("rtx3090-pt112", "vit_base_patch16_224", 224, 1132.21, 904.413, 1024),
+    ("rtx3090-pt112", "vit_base_patch32_224", 224, 4918.17, 208.197, 1024),
+    ("rtx3090-pt112", "vit_large_patch16_224", 224, 369.7, 2769.802, 1024),
+    ("rtx3090-pt112", "deit_small_patch16_224", 224, 3002.36, 341.052, 1024),
+    ("rtx3090-pt112", "convnext_tiny", 224, 2359.72, 433.936, 1024),
+    ("rtx3090-pt112", "convnext_small", 224, 1445.85, 708.22, 1024),
+    ("rtx3090-pt112", "convnext_base", 224, 1006.73, 1017.126, 1024),
+    ("rtx3090-pt112", "swin_tiny_patch4_window7_224", 224, 1915.52, 534.569, 1024),
+    ("rtx3090-pt112", "swin_small_patch4_window7_224", 224, 1179.92, 867.841, 1024),
+    ("rtx3090-pt112", "mixer_b16_224", 224, 1328.05, 771.041, 1024),
+    ("rtx3090-pt112", "poolformer_s12", 224, 3483.41, 293.951, 1024),
+    ("rtx3090-pt112", "xcit_tiny_12_p16_224", 224, 4592.09, 222.979, 1024),
+    ("rtx3090-pt112", "levit_128", 224, 13348.5, 76.702, 1024),
+    ("rtx3090-pt112", "cait_xxs24_224", 224, 1641.65, 623.749, 1024),
+    ("rtx3090-pt112", "beit_base_patch16_224", 224, 1045.12, 979.774, 1024),
+    # rtx3090-pt112-nhwc
+    ("rtx3090-pt112-nhwc", "resnet18", 224, 11023.6, 92.881, 1024),
+    ("rtx3090-pt112-nhwc", "resnet34", 224, 6404.45, 159.878, 1024),
+    ("rtx3090-pt112-nhwc", "resnet50", 224, 3676.35, 278.526, 1024),
+    ("rtx3090-pt112-nhwc", "resnet101", 224, 2246.09, 455.891, 1024),
+    ("rtx3090-pt112-nhwc", "resnet152", 224, 1571.71, 651.505, 1024),
+    ("rtx3090-pt112-nhwc", "resnext50_32x4d", 224, 3092.67, 331.094, 1024),
+    ("rtx3090-pt112-nhwc", "wide_resnet50_2", 224, 2057.11, 497.774, 1024),
+    ("rtx3090-pt112-nhwc", "seresnet50", 224, 3183.22, 321.675, 1024),
+    ("rtx3090-pt112-nhwc", "resnet50d", 224, 3336.65, 306.882, 1024),
+    ("rtx3090-pt112-nhwc", "densenet121", 224, 2936.15, 348.744, 1024),
+    ("rtx3090-pt112-nhwc", "densenet201", 224, 1868.67, 547.971, 1024),
+    ("rtx3090-pt112-nhwc", "vgg16", 224, 1690.51, 605.724, 1024),
+    ("rtx3090-pt112-nhwc", "inception_v3", 299, 2512.32, 407.579, 1024),
+    ("rtx3090-pt112-nhwc", "mobilenetv2_100", 224, 9591.46, 106.751, 1024),
+    ("rtx3090-pt112-nhwc", "mobilenetv3_large_100", 224, 12955.77, 79.027, 1024),
+    ("rtx3090-pt112-nhwc", "efficientnet_b0", 224, 8015.36, 127.743, 1024),
+    ("rtx3090-pt112-nhwc", "efficientnet_b3", 320, 1828.85, 279.946, 512),
+    ("rtx3090-pt112-nhwc", "mnasnet_100", 224, 11303.72, 90.578, 1024),
+    ("rtx3090-pt112-nhwc", "ghostnet_100", 224, 10498.38, 97.527, 1024),
+    ("rtx3090-pt112-nhwc", "regnety_016", 224, 3516.07, 291.222, 1024),
+    ("rtx3090-pt112-nhwc", "regnety_032", 288, 1398.62, 732.137, 1024),
+    ("rtx3090-pt112-nhwc", "regnety_040", 288, 854.48, 898.782, 768),
+    ("rtx3090-pt112-nhwc", "regnetx_032", 224, 2449.76, 417.988, 1024),
+    ("rtx3090-pt112-nhwc", "vit_tiny_patch16_224", 224, 6844.8, 149.592, 1024),
+    ("rtx3090-pt112-nhwc", "vit_small_patch16_224", 224, 3005.65, 340.679, 1024),
+    ("rtx3090-pt112-nhwc", "vit_base_patch16_224", 224, 1133.45, 903.419, 1024),
+    ("rtx3090-pt112-nhwc", "vit_base_patch32_224", 224, 4923.14, 207.986, 1024),
+    ("rtx3090-pt112-nhwc", "vit_large_patch16_224", 224, 370.72, 2762.206, 1024),
+    ("rtx3090-pt112-nhwc", "deit_small_patch16_224", 224, 3005.16, 340.735, 1024),
+    ("rtx3090-pt112-nhwc", "convnext_tiny", 224, 2379.5, 430.329, 1024),
+    ("rtx3090-pt112-nhwc", "convnext_small", 224, 1452.43, 705.012, 1024),
+    ("rtx3090-pt112-nhwc", "convnext_base", 224, 1012.72, 1011.124, 1024),
+    ("rtx3090-pt112-nhwc", "swin_tiny_patch4_window7_224", 224, 1924.88, 531.966, 1024),
+    ("rtx3090-pt112-nhwc", "swin_small_patch4_window7_224", 224, 1183.48, 865.227, 1024),
+    ("rtx3090-pt112-nhwc", "mixer_b16_224", 224, 1424.87, 718.648, 1024),
+    ("rtx3090-pt112-nhwc", "poolformer_s12", 224, 3722.39, 275.081, 1024),
+    ("rtx3090-pt112-nhwc", "xcit_tiny_12_p16_224", 224, 5104.48, 200.597, 1024),
+    ("rtx3090-pt112-nhwc", "levit_128", 224, 14929.05, 68.581, 1024),
+    ("rtx3090-pt112-nhwc", "cait_xxs24_224", 224, 1707.34, 599.75, 1024),
+    ("rtx3090-pt112-nhwc", "beit_base_patch16_224", 224, 1049.2, 975.962, 1024),
 )
