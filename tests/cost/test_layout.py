@@ -82,18 +82,33 @@ def _conv_pair(dtype: torch.dtype) -> tuple[float, float, float]:
             c_nchw.relayout_bytes)
 
 
-def test_foreign_layout_pays_two_transposes() -> None:
+def _conv_backward(x: torch.Tensor, w: torch.Tensor) -> tuple[float, float]:
+    """Return (bytes transposed, seconds) of one 3x3 convolution's backward (dx and dw) on a V100-SXM2."""
+    (args, y) = _conv(x, w)
+    bargs = (torch.empty_like(y), x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, True, False])
+    cost = op_cost(aten.convolution_backward.default, bargs, {}, aten.convolution_backward.default(*bargs))
+    return cost.relayout_bytes, cost_time_s(cost, "convolution_backward", get_gpu("v100-sxm2-32gb"))
+
+
+def test_foreign_layout_pays_its_transposes() -> None:
     params = load_params()
     p, f = params.shared, params.factors(get_gpu("v100-sxm2-32gb"))
     latency = p["mem_lat_cycles"] / 1530e6  # cycles at the 1530 MHz boost clock
-    # fp16: NHWC is native; NCHW adds x and y read + written once, streamed at m_stream of the datasheet 900 GB/s
-    # (Note [16-bit streaming]): 2 * relayout / (900e9 * m_stream) + 2 launches
+    # fp16: NHWC is native. Note [NCHW forward on cuDNN 9]: an NCHW forward runs NCHW-native kernels, no transposes
     nchw, nhwc, moved = _conv_pair(torch.float16)
     assert moved == (32 * 64 * 56 * 56 * 2) * 2  # x and y, 12.8 MB each in fp16
-    transposes = 2 * moved / (900e9 * params.m_stream) + 2 * (latency + p["k0"])
-    assert nchw - nhwc == pytest.approx(transposes, rel=1e-9)
-    # fp32 on CUDA cores: NCHW is native, NHWC pays the same transposes of twice the bytes, at the fitted
-    # elementwise efficiency and the borrowed memory factor b
+    assert nchw == nhwc
+    # its backward transposes dy, x and dx (12.8 MB each), read + written once, streamed at m_stream of the
+    # datasheet 900 GB/s (Note [16-bit streaming]), + 3 launches
+    x = torch.empty(32, 64, 56, 56, device="meta", dtype=torch.float16)
+    w = torch.empty(64, 64, 3, 3, device="meta", dtype=torch.float16)
+    moved_b, nchw_b = _conv_backward(x, w)
+    _, nhwc_b = _conv_backward(x.contiguous(memory_format=CL), w.contiguous(memory_format=CL))
+    assert moved_b == 3 * (32 * 64 * 56 * 56 * 2)
+    transposes = 2 * moved_b / (900e9 * params.m_stream) + 3 * (latency + p["k0"])
+    assert nchw_b - nhwc_b == pytest.approx(transposes, rel=1e-9)
+    # fp32 on CUDA cores: NCHW is native, an NHWC forward pays the transposes of x and y (twice the fp16 bytes), at
+    # the fitted elementwise efficiency and the borrowed memory factor b
     nchw32, nhwc32, moved32 = _conv_pair(torch.float32)
     assert moved32 == 2 * moved
     bw = 900e9 * f["b"]

@@ -119,7 +119,10 @@ def cost_time_s(cost: OpCost, name: str, spec: GPUSpec, params: CostParams | Non
     total = (compute + memory if staged else max(compute, memory)) + p["k0"]
     if cost.category == "conv" and cost.layout and cost.relayout_bytes:
         native = native_conv_layout(spec, cost.dtype, cost.tensor_core)
-        if native != LAYOUT_NONE and (cost.layout == "nhwc") != (native == LAYOUT_NHWC):  # transposes x, y (dy, x, dx)
+        foreign = native != LAYOUT_NONE and (cost.layout == "nhwc") != (native == LAYOUT_NHWC)
+        if foreign and not backward and native == LAYOUT_NHWC:  # Note [NCHW forward on cuDNN 9] in model.py
+            foreign = False
+        if foreign:  # transposes x, y (dy, x, dx)
             bw_copy = spec.load_memory_bw_gbps * 1e9 * f["b"]
             if streams_physically(spec, cost.dtype, params.m_stream):  # Note [16-bit streaming]
                 bw_copy, m_copy = spec.load_memory_bw_gbps * 1e9, params.m_stream
