@@ -406,7 +406,7 @@ class _Unwrapper:
 # other-device indices, copies, packed-sequence lengths, CTC lengths). Foreach ops (`device_check: NoCheck`) fall
 # back to a per-tensor loop when their lists span devices, so a list may span devices; the tensors at one position
 # of the lists meet in one op and must share a device (`_foreach_add_(cuda_params, cpu_tensors)` raises,
-# `_foreach_mul_([t0, t1], 2.0)` with t0 on cuda:0, t1 on cuda:1 runs), and a foreach op's tensor argument outside
+# `_foreach_mul_([t0, t1], 2.0)` with t0 on cuda:0, t1 on cuda:1 runs, priced and placed on cuda:0), and a foreach op's tensor argument outside
 # its lists is a scalar the CUDA kernel reads on the host (`_foreach_mul_(params, cpu_0dim)`) or the packed CPU
 # `scalars` of `_foreach_addcdiv_.Tensor` / `_foreach_addcmul_.Tensor`, which must be on the CPU. Cost: the
 # unwrapper notes a non-meta host tensor or a second device index while it unwraps (one comparison per emulated
