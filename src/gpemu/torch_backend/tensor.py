@@ -397,24 +397,24 @@ class _Unwrapper:
 # dispatcher device check, which walks tensor lists too - `torch.cat([cuda_t, cpu_t])` names `wrapper_CUDA_cat` - and
 # TensorIterator, where a 0-dim CPU tensor passes as a scalar). So does an op given tensors of two CUDA devices
 # (cuda:0 and cuda:1), 0-dim or not. gpemu turned every CPU argument into a meta tensor and priced an op on its first
-# emulated tensor's device, so a script that forgot a `.to(device)` ran here and died on the card: Lightning
-# Fabric's transformer example without setup_dataloaders (`model(input)` with CPU token ids into a CUDA embedding),
+# emulated tensor's device, so a script that forgot a `.to(device)` ran here and died on the card: Lightning Fabric's
+# transformer example without setup_dataloaders (`model(input)` with CPU token ids into a CUDA embedding),
 # `nll_loss(cuda_logits, cpu_target)`, `torch.cat([cuda_t, cpu_t])`. gpemu raises the same error when the tensors
 # among an op's arguments and inside its list arguments are not all on one device, 0-dim CPU tensors left out (torch
 # rejects those in a list - `stack` - only through the dispatcher check; gpemu lets them pass everywhere rather than
 # raise where a GPU might run). Exempt: ops whose CUDA kernels take tensors of another device (indexing with CPU or
 # other-device indices, copies, packed-sequence lengths, CTC lengths). Foreach ops (`device_check: NoCheck`) fall
-# back to a per-tensor loop when their lists span devices, so a list may span devices; the tensors at one position
-# of the lists meet in one op and must share a device (`_foreach_add_(cuda_params, cpu_tensors)` raises,
-# `_foreach_mul_([t0, t1], 2.0)` with t0 on cuda:0, t1 on cuda:1 runs, priced and placed on cuda:0), and a foreach op's tensor argument outside
-# its lists is a scalar the CUDA kernel reads on the host (`_foreach_mul_(params, cpu_0dim)`) or the packed CPU
-# `scalars` of `_foreach_addcdiv_.Tensor` / `_foreach_addcmul_.Tensor`, which must be on the CPU. Cost: the
-# unwrapper notes a non-meta host tensor or a second device index while it unwraps (one comparison per emulated
-# tensor), and only such calls are checked; an op cache hit never holds one (a host tensor has no cache key, and a
-# mixed call raised before it was cached). torch.ctc_loss with CPU length tensors: for plain tensors torch reads
-# the lengths on the host and builds the mean's divisor on the device, but for a tensor subclass it takes a
-# composite path that divides the CUDA losses by the CPU lengths (forward and backward); gpemu's torch.ctc_loss
-# passes CPU lengths as lists, the plain path's own step (patches.py).
+# back to a per-tensor loop when their lists span devices, so a list may span devices; the tensors at one position of
+# the lists meet in one op and must share a device (`_foreach_add_(cuda_params, cpu_tensors)` raises,
+# `_foreach_mul_([t0, t1], 2.0)` with t0 on cuda:0, t1 on cuda:1 runs, priced and placed on cuda:0), and a foreach
+# op's tensor argument outside its lists is a scalar the CUDA kernel reads on the host (`_foreach_mul_(params,
+# cpu_0dim)`) or the packed CPU `scalars` of `_foreach_addcdiv_.Tensor` / `_foreach_addcmul_.Tensor`, which must be
+# on the CPU. Cost: the unwrapper notes a non-meta host tensor or a second device index while it unwraps (one
+# comparison per emulated tensor), and only such calls are checked; an op cache hit never needs it (a host tensor
+# has no cache key, and a call that must raise raised before it was cached). torch.ctc_loss with CPU length tensors: for plain
+# tensors torch reads the lengths on the host and builds the mean's divisor on the device, but for a tensor subclass
+# it takes a composite path that divides the CUDA losses by the CPU lengths (forward and backward); gpemu's
+# torch.ctc_loss passes CPU lengths as lists, the plain path's own step (patches.py).
 _CROSS_DEVICE_OK = frozenset((
     "aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_", "aten::_unsafe_index",
     "aten::_unsafe_index_put", "aten::_unsafe_masked_index", "aten::_unsafe_masked_index_put_accumulate",
