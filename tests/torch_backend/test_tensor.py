@@ -104,6 +104,13 @@ def test_tensors_in_lists_and_on_two_gpus_raise_as_on_a_gpu() -> None:
         torch._foreach_addcdiv_([a, a], [a, a], [a, a], torch.tensor([0.1, 0.2]))
         a.copy_(b)
         assert a.to("cuda:1").device == torch.device("cuda", 1)
+        # a module that replays (recorded on cuda:0) given an input on cuda:1: the replay key has the device, so
+        # the call runs per op and raises; it replayed on cuda:0 before
+        m = torch.nn.Linear(3, 2).cuda()
+        for _ in range(4):
+            m(torch.randn(4, 3, device="cuda")).sum().backward()
+        with pytest.raises(RuntimeError, match="cuda:0 and cuda:1"):
+            m(torch.randn(4, 3, device="cuda:1"))
     finally:
         gt.uninstall()
 

@@ -410,11 +410,13 @@ class _Unwrapper:
 # op's tensor argument outside its lists is a scalar the CUDA kernel reads on the host (`_foreach_mul_(params,
 # cpu_0dim)`) or the packed CPU `scalars` of `_foreach_addcdiv_.Tensor` / `_foreach_addcmul_.Tensor`, which must be
 # on the CPU. Cost: the unwrapper notes a non-meta host tensor or a second device index while it unwraps (one
-# comparison per emulated tensor), and only such calls are checked; an op cache hit never needs it (a host tensor
-# has no cache key, and a call that must raise raised before it was cached). torch.ctc_loss with CPU length tensors: for plain
-# tensors torch reads the lengths on the host and builds the mean's divisor on the device, but for a tensor subclass
-# it takes a composite path that divides the CUDA losses by the CPU lengths (forward and backward); gpemu's
-# torch.ctc_loss passes CPU lengths as lists, the plain path's own step (patches.py).
+# comparison per emulated tensor), and only such calls are checked; an op cache hit never needs it (a host tensor has
+# no cache key, and a call that must raise raised before it was cached). The replay path (replay.py) keys a call by
+# its inputs' device index too, so an input on another GPU than the recording's runs per op and raises instead of
+# replaying on the recording's device. torch.ctc_loss with CPU length tensors: for plain tensors torch reads the
+# lengths on the host and builds the mean's divisor on the device, but for a tensor subclass it takes a composite
+# path that divides the CUDA losses by the CPU lengths (forward and backward); gpemu's torch.ctc_loss passes CPU
+# lengths as lists, the plain path's own step (patches.py).
 _CROSS_DEVICE_OK = frozenset((
     "aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_", "aten::_unsafe_index",
     "aten::_unsafe_index_put", "aten::_unsafe_masked_index", "aten::_unsafe_masked_index_put_accumulate",
