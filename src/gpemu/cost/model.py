@@ -466,7 +466,9 @@ def compute_param_index(category: str, name: str, pointwise: bool = False) -> in
 # input as is; a strided one's small im2col is left out). Not modelled: the per-sample loop launches 2N kernels
 # (forward; 4N backward) where cuDNN launches one or a few, so the price is a lower bound on the real card's time.
 # The dtype is the only switch: fp16 convolutions keep cuDNN's tensor cores (cc >= 7.0), every fp32 one is
-# unchanged. Not measured on a card (no V100 here); derived from torch's code path.
+# unchanged. Grouped bf16 convolutions keep their CUDA-core grouped price (torch runs the wide-group ones as the
+# same lowering once per group, depthwise ones on conv_depthwise2d: Note [Narrow groups on CUDA cores]). Not
+# measured on a card (no V100 here); derived from torch's code path.
 def lowered_conv(spec: GPUSpec, dtype: str, category: str) -> bool:
     """Return True when a convolution runs ATen's im2col + GEMM lowering on `spec` (Note [bf16 convolutions before
     Ampere])."""
