@@ -352,3 +352,15 @@ def test_bf16_convolutions_before_ampere_run_the_im2col_gemm_lowering() -> None:
     ops = op_arrays(recs)
     kern = kernel_seconds(ops.flops, ops.bytes, spec_columns(ops, v100, 0.7), shared, params.factors(v100))
     assert kern.tolist() == pytest.approx([7e-3, lowered_s])
+    # the loop runs per sample: with a per-kernel cost k0 = 1 us, 64 samples launch 2 * 64 kernels forward (127
+    # past the first: +127 us) and 4 * 64 backward (+255 us); the fp32 one stays one kernel (+1 us, its own k0)
+    timed = CostParams({**shared, "k0": 1e-6}, {}, tc_eff=0.7)
+    assert cost_time_s(bf16, "convolution", v100, timed, out_channels=64, samples=64) == pytest.approx(
+        lowered_s + 128e-6)
+    assert cost_time_s(bf16, "convolution_backward", v100, timed, out_channels=64, samples=64) == pytest.approx(
+        lowered_s + 256e-6)
+    assert cost_time_s(fp32, "convolution", v100, timed, out_channels=64, samples=64) == pytest.approx(7e-3 + 1e-6)
+    assert ops.conv_batch is not None and ops.conv_batch.tolist() == [64.0, 64.0]  # read from the input's shape
+    kern = kernel_seconds(ops.flops, ops.bytes, spec_columns(ops, v100, 0.7), timed.shared, params.factors(v100),
+                          conv_batch=ops.conv_batch)
+    assert kern.tolist() == pytest.approx([7e-3 + 1e-6, lowered_s + 128e-6])

@@ -260,12 +260,20 @@ class OpArrays:
     group_width: np.ndarray | None = None  # grouped convolutions: input channels per group (Note [Group width])
     out_channels: np.ndarray | None = None  # dense convolutions: output channels (Note [bf16 convolutions before
     # Ampere]); 0 elsewhere
+    conv_batch: np.ndarray | None = None  # dense convolutions: samples (the input's first dimension), 0 elsewhere;
+    conv_batch_per_sample: np.ndarray | None = None  # batch-linear like flops (Note [bf16 convolutions before Ampere])
 
     def at_batch(self, batch_size: float) -> tuple[np.ndarray, np.ndarray]:
         """Return (flops, bytes) at `batch_size` (batch-linear arrays) or the stored ones."""
         if self.flops_per_sample is None or self.bytes_per_sample is None:
             return self.flops, self.bytes
         return self.flops + self.flops_per_sample * batch_size, self.bytes + self.bytes_per_sample * batch_size
+
+    def conv_batch_at(self, batch_size: Any) -> np.ndarray | None:
+        """Return dense convolutions' samples at `batch_size` (None when not recorded)."""
+        if self.conv_batch is None or self.conv_batch_per_sample is None:
+            return self.conv_batch
+        return self.conv_batch + self.conv_batch_per_sample * batch_size
 
     def relayout_at_batch(self, batch_size: Any) -> np.ndarray:
         """Return conv ops' activation bytes at `batch_size` (zeros when not recorded)."""
@@ -281,7 +289,8 @@ class OpArrays:
                         [self.dtype[i] for i in idx], self.tensor_core[idx], self.phase[idx], self.flops[idx],
                         self.bytes[idx], sub(self.flops_per_sample), sub(self.bytes_per_sample), sub(self.views_before),
                         sub(self.plane), sub(self.layout), sub(self.relayout_bytes), sub(self.relayout_bytes_per_sample),
-                        sub(self.pointwise), sub(self.group_width), sub(self.out_channels))
+                        sub(self.pointwise), sub(self.group_width), sub(self.out_channels), sub(self.conv_batch),
+                        sub(self.conv_batch_per_sample))
 
 
 _PHASE_ID = {"forward": 0, "backward": 1, "optimizer": 2}
@@ -361,6 +370,8 @@ def op_arrays(records: Sequence[Any]) -> OpArrays:
                              dtype=np.float64),
         out_channels=np.array([conv_out_channels(r.name, r.category, getattr(r, "in_shapes", ()))
                                for r in records], dtype=np.float64),
+        conv_batch=np.array([float(_first_shape(r)[0]) if r.category == "conv" and _first_shape(r) else 0.0
+                             for r in records], dtype=np.float64),
     )
 
 
@@ -385,6 +396,7 @@ class SpecColumns:
     group_width: np.ndarray  # grouped convolutions' input channels per group, 1 elsewhere (Note [Group width])
     column_bytes_per_flop: np.ndarray  # lowered convolutions' column-matrix bytes per FLOP, 0 elsewhere (Note [bf16
     # convolutions before Ampere])
+    kernels_per_sample: np.ndarray  # lowered convolutions' kernels per sample (2 forward, 4 backward), 0 elsewhere
     bw: float
     sm_count: int
     clock_hz: float
@@ -463,8 +475,10 @@ def compute_param_index(category: str, name: str, pointwise: bool = False) -> in
 # bytes follow from the FLOPs: the forward's columns hold F / (2 C_out) elements (F = 2 C_out x the column
 # elements), written and read: 2 F / C_out bytes; the backward does twice the FLOPs and twice the column traffic
 # (col2im's and im2col's matrices): again 2 F / C_out. A 1x1 convolution has no column matrix (its GEMM reads the
-# input as is; a strided one's small im2col is left out). Not modelled: the per-sample loop launches 2N kernels
-# (forward; 4N backward) where cuDNN launches one or a few, so the price is a lower bound on the real card's time.
+# input as is; a strided one's small im2col is left out). The loop runs per sample: N samples launch 2N kernels
+# forward (im2col, GEMM) and 4N backward (GEMM, col2im; im2col, GEMM), one fewer per sample for a 1x1 one, where cuDNN
+# launches one or a few; each kernel past the first pays the model's fixed per-kernel cost, mem_lat_cycles / clock +
+# k0 (Note [Time model]); the FLOPs keep one fill ramp (the per-sample GEMMs are smaller, so slower still).
 # The dtype is the only switch: fp16 convolutions keep cuDNN's tensor cores (cc >= 7.0), every fp32 one is
 # unchanged. Grouped bf16 convolutions keep their CUDA-core grouped price (torch runs the wide-group ones as the
 # same lowering once per group, depthwise ones on conv_depthwise2d: Note [Narrow groups on CUDA cores]). Not
@@ -473,6 +487,14 @@ def lowered_conv(spec: GPUSpec, dtype: str, category: str) -> bool:
     """Return True when a convolution runs ATen's im2col + GEMM lowering on `spec` (Note [bf16 convolutions before
     Ampere])."""
     return dtype == "bf16" and category == "conv" and tuple(spec.compute_capability) < (8, 0)
+
+
+def lowered_kernels_per_sample(name: str, pointwise: bool) -> float:
+    """Return the kernels a lowered convolution launches per sample: forward im2col + GEMM, backward GEMM + col2im
+    and im2col + GEMM; a 1x1 one skips im2col (Note [bf16 convolutions before Ampere])."""
+    if name.endswith("_backward"):
+        return 3.0 if pointwise else 4.0
+    return 1.0 if pointwise else 2.0
 
 
 def column_bytes_per_flop(out_channels: Any) -> Any:
@@ -634,6 +656,8 @@ def spec_columns(ops: OpArrays, spec: GPUSpec, tc_eff: float, m_stream: float = 
         group_width=np.where(np.isin(compute_param, (2, 3)) & ~on_tc, ops.group_width, 1.0) if (
             ops.group_width is not None) else np.ones(n),
         column_bytes_per_flop=np.where(lowered, column_bytes_per_flop(out_channels), 0.0),
+        kernels_per_sample=np.array([lowered_kernels_per_sample(name, bool(pw)) if lw else 0.0 for name, pw, lw in
+                                     zip(ops.names, pointwise, lowered, strict=True)], dtype=np.float64),
         bw=spec.load_memory_bw_gbps * 1e9,  # See Note [Sustained clock]
         sm_count=spec.sm_count,
         clock_hz=spec.load_clock_mhz * 1e6,
@@ -680,10 +704,11 @@ def group_efficiency(e_grouped: Any, e_dense: Any, group_width: Any, half: Any) 
 
 
 def kernel_seconds(flops: Any, nbytes: Any, cols: SpecColumns, p: dict[str, Any], f: dict[str, Any],
-                   relayout_bytes: Any = None) -> torch.Tensor:
+                   relayout_bytes: Any = None, conv_batch: Any = None) -> torch.Tensor:
     """Return per-op GPU kernel seconds as a float64 tensor (`p` shared params, `f` per-GPU factors; floats or
     tensors, so the calibration can differentiate through it). `relayout_bytes` (conv activation bytes, same shape as
-    `nbytes`) prices layout transposes where cols.relayout says so (Note [Layout cost])."""
+    `nbytes`) prices layout transposes where cols.relayout says so (Note [Layout cost]); `conv_batch` (convolutions'
+    samples, same shape) the per-sample kernels of lowered convolutions (Note [bf16 convolutions before Ampere])."""
     flops, nbytes = _t(flops), _t(nbytes)
     e = torch.stack([_t(p[k]) for k in COMPUTE_PARAMS])
     m = torch.stack([_t(p[k]) for k in MEMORY_PARAMS])
@@ -713,6 +738,9 @@ def kernel_seconds(flops: Any, nbytes: Any, cols: SpecColumns, p: dict[str, Any]
     if cols.staged.any():  # See Note [Staged convolutions]
         body = torch.where(torch.as_tensor(cols.staged), compute + memory, body)
     body = body + p["k0"]
+    if conv_batch is not None and cols.kernels_per_sample.any():  # See Note [bf16 convolutions before Ampere]
+        launches = torch.clamp(torch.as_tensor(cols.kernels_per_sample) * _t(conv_batch) - 1.0, min=0.0)
+        body = body + launches * (latency + p["k0"])
     if relayout_bytes is not None and cols.relayout.any():
         relayout = torch.as_tensor(cols.relayout)
         m_copy = m[torch.as_tensor(np.where(cols.relayout > 0, _relayout_param(cols), 0))] * f["b"]

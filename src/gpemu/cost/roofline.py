@@ -25,6 +25,7 @@ from gpemu.cost.model import (
     is_pointwise_conv,
     load_params,
     lowered_conv,
+    lowered_kernels_per_sample,
     mem_param,
     native_conv_layout,
     peak_flops,
@@ -84,10 +85,11 @@ def op_bytes(args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> int:
 
 def cost_time_s(cost: OpCost, name: str, spec: GPUSpec, params: CostParams | None = None,
                 plane: float = math.inf, pointwise: bool = False, group_width: float = 1.0,
-                out_channels: float = 0.0) -> float:
+                out_channels: float = 0.0, samples: float = 0.0) -> float:
     """Return the fitted model's kernel seconds for one op's cost on `spec` (0 for views; no launch overhead);
     `plane` is a batch-norm op's H*W (Note [Batch-norm plane size]); `pointwise` marks a 1x1 convolution (Note
-    [Pointwise convolutions]); `out_channels` a dense convolution's (Note [bf16 convolutions before Ampere])."""
+    [Pointwise convolutions]); `out_channels` and `samples` a dense convolution's (Note [bf16 convolutions before
+    Ampere])."""
     if cost.category == "view":
         return 0.0
     params = params or load_params()
@@ -122,6 +124,8 @@ def cost_time_s(cost: OpCost, name: str, spec: GPUSpec, params: CostParams | Non
     nbytes = cost.bytes + (cost.flops * float(column_bytes_per_flop(out_channels)) if lowered else 0.0)
     memory = nbytes / (bw * m_eff) + latency
     total = (compute + memory if staged or lowered else max(compute, memory)) + p["k0"]
+    if lowered and samples > 1:  # the per-sample loop's kernels: Note [bf16 convolutions before Ampere]
+        total += (lowered_kernels_per_sample(name, pointwise) * samples - 1) * (latency + p["k0"])
     if cost.category == "conv" and cost.layout and cost.relayout_bytes:
         native = native_conv_layout(spec, cost.dtype, cost.tensor_core)
         if native != LAYOUT_NONE and (cost.layout == "nhwc") != (native == LAYOUT_NHWC):  # transposes x, y (dy, x, dx)
@@ -189,7 +193,8 @@ def op_time_s(func: Any, args: Sequence[Any], kwargs: dict[str, Any], out: Any, 
     shapes = [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
     value = cost_time_s(cost, name, spec, plane=plane, pointwise=is_pointwise_conv(name, cost.category, shapes),
                         group_width=conv_group_width(name, cost.category, shapes),
-                        out_channels=conv_out_channels(name, cost.category, shapes))
+                        out_channels=conv_out_channels(name, cost.category, shapes),
+                        samples=float(shapes[0][0]) if cost.category == "conv" and shapes and shapes[0] else 0.0)
     if len(_cache) >= _CACHE_LIMIT:
         _cache.clear()
     _cache[key] = value
