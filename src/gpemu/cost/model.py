@@ -478,7 +478,8 @@ def compute_param_index(category: str, name: str, pointwise: bool = False) -> in
 # input as is; a strided one's small im2col is left out). The loop runs per sample: N samples launch 2N kernels
 # forward (im2col, GEMM) and 4N backward (GEMM, col2im; im2col, GEMM), one fewer per sample for a 1x1 one, where cuDNN
 # launches one or a few; each kernel past the first pays the model's fixed per-kernel cost, mem_lat_cycles / clock +
-# k0 (Note [Time model]); the FLOPs keep one fill ramp (the per-sample GEMMs are smaller, so slower still).
+# k0 (Note [Time model]); the FLOPs keep one fill ramp (the per-sample GEMMs are smaller, so slower still). A
+# backward without grad_input (a first layer) launches 2N on the card and is charged 4N.
 # The dtype is the only switch: fp16 convolutions keep cuDNN's tensor cores (cc >= 7.0), every fp32 one is
 # unchanged. Grouped bf16 convolutions keep their CUDA-core grouped price (torch runs the wide-group ones as the
 # same lowering once per group, depthwise ones on conv_depthwise2d: Note [Narrow groups on CUDA cores]). Not
