@@ -314,3 +314,53 @@ def test_16bit_depthwise_convolution_runs_on_cuda_cores() -> None:
     assert uses_tensor_cores(a100, "fp16", "conv_grouped", True)
     # dense misaligned convolutions (a stem's 3 input channels) keep the half-peak tensor-core price
     assert uses_tensor_cores(a100, "fp16", "conv", False)
+
+
+def test_bf16_convolutions_before_ampere_run_the_im2col_gemm_lowering() -> None:
+    # Note [bf16 convolutions before Ampere]: below cc 8.0 torch runs a bf16 convolution as im2col + GEMM on CUDA
+    # cores (no cuDNN, no Winograd, no tensor cores); it was priced 1.6x faster than the fp32 cuDNN one.
+    from types import SimpleNamespace
+
+    from gpemu.cost.model import kernel_seconds
+    from gpemu.cost.registry import OpCost
+    from gpemu.cost.roofline import cost_time_s
+
+    v100, a100 = get_gpu("v100-pcie-32gb"), get_gpu("a100")  # V100: 14 TFLOPS fp32, 900 GB/s, no bf16 math
+    shared = {**load_params().shared, "w_half": 0.0, "k0": 0.0, "mem_lat_cycles": 0.0, "e_conv": 2.0,
+              "e_conv_bwd": 2.0, "e_conv_1x1": 0.5, "e_conv_1x1_bwd": 0.5, "m_conv": 0.2, "m_conv_bwd": 0.4,
+              "m_elementwise": 0.5, "m_elementwise_bwd": 0.5}
+    params = CostParams(shared, {}, tc_eff=0.7)  # no per-GPU factors: a = b = 1
+    fp32, bf16 = OpCost(1.4e11, 3.6e8, "conv", "fp32"), OpCost(1.4e11, 1.8e8, "conv", "bf16", tensor_core=True)
+    # fp32 3x3, cuDNN (Note [Staged convolutions]): 1.4e11 / (14e12 * 2.0) = 5 ms + 3.6e8 / (900e9 * 0.2) = 2 ms
+    assert cost_time_s(fp32, "convolution", v100, params, out_channels=64) == pytest.approx(7e-3)
+    # bf16 3x3, C_out 64: GEMM 1.4e11 / (14e12 * 0.5) = 20 ms; bytes 1.8e8 + columns 2 * 1.4e11 / 64 = 4.375e9,
+    # 4.555e9 / (900e9 * 0.5) = 10.12 ms; staged: 30.12 ms (it read 5 + 1 = 6 ms, bytes halved, before)
+    lowered_s = 20e-3 + (1.8e8 + 2 * 1.4e11 / 64) / (900e9 * 0.5)
+    assert cost_time_s(bf16, "convolution", v100, params, out_channels=64) == pytest.approx(lowered_s)
+    assert cost_time_s(bf16, "convolution_backward", v100, params, out_channels=64) == pytest.approx(lowered_s)
+    # a 1x1 one has no column matrix: 20 ms + 1.8e8 / (900e9 * 0.5) = 0.4 ms
+    assert cost_time_s(bf16, "convolution", v100, params, pointwise=True) == pytest.approx(20.4e-3)
+    # an A100 runs it on cuDNN's bf16 tensor cores, untouched: compute 1.4e11 / (312e12 * 0.7) = 0.64 ms, and
+    # 0.18 GB streamed in well under 1 ms; fp16 on the V100 keeps its tensor cores: 1.4e11 / (112e12 * 0.7)
+    assert cost_time_s(bf16, "convolution", a100, params, out_channels=64) < 1e-3
+    fp16 = OpCost(1.4e11, 1.8e8, "conv", "fp16", tensor_core=True)
+    assert cost_time_s(fp16, "convolution", v100, params, out_channels=64) == pytest.approx(1.4e11 / (112e12 * 0.7))
+    # the phase model (kernel_seconds over spec_columns) prices it the same way, C_out read from the weight
+    recs = [SimpleNamespace(name="convolution", category="conv", phase="forward", flops=1.4e11, bytes=b, dtype=dt,
+                            tensor_core=dt != "fp32", in_shapes=[(64, 32, 58, 58), (64, 32, 3, 3)])
+            for b, dt in ((3.6e8, "fp32"), (1.8e8, "bf16"))]
+    ops = op_arrays(recs)
+    kern = kernel_seconds(ops.flops, ops.bytes, spec_columns(ops, v100, 0.7), shared, params.factors(v100))
+    assert kern.tolist() == pytest.approx([7e-3, lowered_s])
+    # the loop runs per sample: with a per-kernel cost k0 = 1 us, 64 samples launch 2 * 64 kernels forward (127
+    # past the first: +127 us) and 4 * 64 backward (+255 us); the fp32 one stays one kernel (+1 us, its own k0)
+    timed = CostParams({**shared, "k0": 1e-6}, {}, tc_eff=0.7)
+    assert cost_time_s(bf16, "convolution", v100, timed, out_channels=64, samples=64) == pytest.approx(
+        lowered_s + 128e-6)
+    assert cost_time_s(bf16, "convolution_backward", v100, timed, out_channels=64, samples=64) == pytest.approx(
+        lowered_s + 256e-6)
+    assert cost_time_s(fp32, "convolution", v100, timed, out_channels=64, samples=64) == pytest.approx(7e-3 + 1e-6)
+    assert ops.conv_batch is not None and ops.conv_batch.tolist() == [64.0, 64.0]  # read from the input's shape
+    kern = kernel_seconds(ops.flops, ops.bytes, spec_columns(ops, v100, 0.7), timed.shared, params.factors(v100),
+                          conv_batch=ops.conv_batch)
+    assert kern.tolist() == pytest.approx([7e-3 + 1e-6, lowered_s + 128e-6])

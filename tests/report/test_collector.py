@@ -325,3 +325,52 @@ def test_later_iterations_that_recorded_per_op_are_left_out() -> None:
     # a model that never replays records in every row: nothing is left out
     never = summarize([row(0.3, 1000, 1)] * 6, warmup=1)
     assert never["iterations_used"] == 5 and "later" not in never["note"]
+
+
+def test_the_last_training_step_ends_where_a_new_loader_starts_not_after_the_checkpoint() -> None:
+    # Note [The last training step]: the HF Trainer stops at max_steps without exhausting its loader, saves a
+    # checkpoint, then fetches from the evaluation loader; the last training iteration held the checkpoint.
+    class Loader:  # stands for a DataLoader iterator (weakly referenced by the collector)
+        pass
+
+    clock = ManualClock()
+    emu = Emulator("v100", clock=clock)
+    col = RunCollector(emu.devices, clock=clock.now)
+    train, evaluation = Loader(), Loader()
+    for _ in range(4):  # 4 steps: fetch at t, 20 ms kernel, loss.item() sync, backward + step marked
+        t = clock.now()
+        col.on_fetch(t, t, train)
+        emu.compute(0.020)
+        emu.synchronize()
+        col.note_training()
+    clock.advance(0.500)  # the checkpoint: 0.5 s of host time (torch.save, save_state)
+    emu.d2h(64 * MB)  # and 64 MB copied to the host (a few ms on the copy engine)
+    emu.compute(0.001)  # a 1 ms kernel around it (e.g. a state-dict cast)
+    emu.synchronize()
+    t = clock.now()
+    col.on_fetch(t, t, evaluation)  # the evaluation loader's first fetch
+    clock.advance(0.001)
+    col.on_exhausted(clock.now())
+    rows = iteration_rows(col)
+    train_rows = [r for r in rows if r["train"]]
+    assert len(train_rows) == 4
+    # every training iteration is its 20 ms step (+ the 5 us launch latency on the host clock); the last one read
+    # 20 ms + 0.5 s + ~5.6 ms + 1 ms before
+    assert [r["wall_s"] for r in train_rows] == pytest.approx([0.020005] * 4, abs=1e-5)
+    last = train_rows[-1]
+    # kept on the row: the span from the step's end to the evaluation fetch, 0.5 s + the copy + the kernel
+    assert last["after_step_s"] == pytest.approx(t - (last["start_s"] + last["wall_s"]))  # run starts at 0
+    assert 0.501 < last["after_step_s"] < 0.52
+    assert last["after_step_gpu_work_s"] == pytest.approx(0.001)  # the cut-off span's kernel, kept on the row
+    assert last["gpu_work_s"] == pytest.approx(0.020)
+    summary = summarize(rows, warmup=1)
+    assert summary["wall_s"]["mean"] == pytest.approx(summary["wall_s"]["median"], rel=1e-3)
+    assert "ended at their last step when a new loader started" in summary["note"]
+    # the same iterator fetching again (a mid-run checkpoint) keeps the checkpoint in its iteration
+    col.on_fetch(clock.now(), clock.now(), train)
+    emu.compute(0.020)
+    emu.synchronize()
+    col.note_training()
+    clock.advance(0.300)
+    col.on_fetch(clock.now(), clock.now(), train)
+    assert col.iterations[-2].end_s - col.iterations[-2].start_s == pytest.approx(0.320005, abs=1e-5)

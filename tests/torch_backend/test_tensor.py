@@ -106,6 +106,35 @@ def test_type_as_moves_across_devices_in_every_grad_mode(emu: gt.Emulation) -> N
         assert via_aten.is_cuda and via_aten.dtype == torch.float16
 
 
+def test_tensors_in_lists_and_on_two_gpus_raise_as_on_a_gpu() -> None:
+    # Note [Tensors on two devices]: lists are checked too (torch.cat names wrapper_CUDA_cat on a GPU), and so are
+    # two emulated devices; both ran silently on cuda:0 before
+    gt.install("a100", count=2)
+    try:
+        a, b, c = torch.randn(4, 3, device="cuda"), torch.randn(4, 3, device="cuda:1"), torch.randn(4, 3)
+        for call in (lambda: torch.cat([a, c]), lambda: torch.stack([c, a]), lambda: torch.cat([a, b]),
+                     lambda: a + b, lambda: a * torch.tensor(2.0, device="cuda:1"),
+                     lambda: torch._foreach_add([a, a], [a, c]), lambda: torch._foreach_add_([a, b], [b, a])):
+            with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+                call()
+        # what a GPU runs: 0-dim CPU scalars; foreach lists spanning devices (torch's per-tensor slow path); the
+        # packed CPU `scalars` of _foreach_addcdiv_.Tensor (which raised before); copies and transfers across GPUs
+        assert torch.cat([a, a]).shape == (8, 3) and torch._foreach_mul([a, a], torch.tensor(2.0))[0].is_cuda
+        torch._foreach_add_([a, b], [torch.tensor(1.0), b])
+        torch._foreach_addcdiv_([a, a], [a, a], [a, a], torch.tensor([0.1, 0.2]))
+        a.copy_(b)
+        assert a.to("cuda:1").device == torch.device("cuda", 1)
+        # a module that replays (recorded on cuda:0) given an input on cuda:1: the replay key has the device, so
+        # the call runs per op and raises; it replayed on cuda:0 before
+        m = torch.nn.Linear(3, 2).cuda()
+        for _ in range(4):
+            m(torch.randn(4, 3, device="cuda")).sum().backward()
+        with pytest.raises(RuntimeError, match="cuda:0 and cuda:1"):
+            m(torch.randn(4, 3, device="cuda:1"))
+    finally:
+        gt.uninstall()
+
+
 def test_numpy_needs_cpu_like_cuda(emu: gt.Emulation) -> None:
     with pytest.raises(TypeError, match="cpu"):
         torch.zeros(2, device="cuda").numpy()

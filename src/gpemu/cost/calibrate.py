@@ -67,7 +67,8 @@ def _concat(parts: Sequence[OpArrays]) -> OpArrays:
     return OpArrays([n for o in parts for n in o.names], [c for o in parts for c in o.category],
                     [d for o in parts for d in o.dtype], cat("tensor_core"), cat("phase"), cat("flops"), cat("bytes"),
                     cat("flops_per_sample"), cat("bytes_per_sample"), cat("views_before"),
-                    cat("plane"), pointwise=cat("pointwise"), group_width=cat("group_width"))
+                    cat("plane"), pointwise=cat("pointwise"), group_width=cat("group_width"),
+                    out_channels=cat("out_channels"), conv_batch=cat("conv_batch"))
 
 
 class _GpuBlock:

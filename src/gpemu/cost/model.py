@@ -277,12 +277,22 @@ class OpArrays:
     relayout_bytes_per_sample: np.ndarray | None = None
     pointwise: np.ndarray | None = None  # bool: 1x1 convolutions (Note [Pointwise convolutions])
     group_width: np.ndarray | None = None  # grouped convolutions: input channels per group (Note [Group width])
+    out_channels: np.ndarray | None = None  # dense convolutions: output channels (Note [bf16 convolutions before
+    # Ampere]); 0 elsewhere
+    conv_batch: np.ndarray | None = None  # dense convolutions: samples (the input's first dimension), 0 elsewhere;
+    conv_batch_per_sample: np.ndarray | None = None  # batch-linear like flops (Note [bf16 convolutions before Ampere])
 
     def at_batch(self, batch_size: float) -> tuple[np.ndarray, np.ndarray]:
         """Return (flops, bytes) at `batch_size` (batch-linear arrays) or the stored ones."""
         if self.flops_per_sample is None or self.bytes_per_sample is None:
             return self.flops, self.bytes
         return self.flops + self.flops_per_sample * batch_size, self.bytes + self.bytes_per_sample * batch_size
+
+    def conv_batch_at(self, batch_size: Any) -> np.ndarray | None:
+        """Return dense convolutions' samples at `batch_size` (None when not recorded)."""
+        if self.conv_batch is None or self.conv_batch_per_sample is None:
+            return self.conv_batch
+        return self.conv_batch + self.conv_batch_per_sample * batch_size
 
     def relayout_at_batch(self, batch_size: Any) -> np.ndarray:
         """Return conv ops' activation bytes at `batch_size` (zeros when not recorded)."""
@@ -298,7 +308,8 @@ class OpArrays:
                         [self.dtype[i] for i in idx], self.tensor_core[idx], self.phase[idx], self.flops[idx],
                         self.bytes[idx], sub(self.flops_per_sample), sub(self.bytes_per_sample), sub(self.views_before),
                         sub(self.plane), sub(self.layout), sub(self.relayout_bytes), sub(self.relayout_bytes_per_sample),
-                        sub(self.pointwise), sub(self.group_width))
+                        sub(self.pointwise), sub(self.group_width), sub(self.out_channels), sub(self.conv_batch),
+                        sub(self.conv_batch_per_sample))
 
 
 _PHASE_ID = {"forward": 0, "backward": 1, "optimizer": 2}
@@ -343,6 +354,17 @@ def conv_group_width(name: str, category: str, shapes: Sequence[Sequence[int]]) 
     return float(max(1, int(shapes[idx][1])))
 
 
+def conv_out_channels(name: str, category: str, shapes: Sequence[Sequence[int]]) -> float:
+    """Return a dense convolution's output channels (the weight's first dimension), 0.0 for every other op and for
+    a 1x1 one (Note [bf16 convolutions before Ampere]: no column matrix); `shapes` as for conv_group_width."""
+    if category != "conv" or is_pointwise_conv(name, category, shapes):
+        return 0.0
+    idx = 2 if name == "convolution_backward" else 1
+    if len(shapes) <= idx or len(shapes[idx]) < 3:
+        return 0.0
+    return float(shapes[idx][0])
+
+
 def _first_shape(record: Any) -> tuple[int, ...]:
     shapes = getattr(record, "in_shapes", ())  # OpRecord-like objects without shapes get no batch-norm ramp
     return tuple(shapes[0]) if shapes else ()
@@ -365,6 +387,10 @@ def op_arrays(records: Sequence[Any]) -> OpArrays:
                            dtype=bool),
         group_width=np.array([conv_group_width(r.name, r.category, getattr(r, "in_shapes", ())) for r in records],
                              dtype=np.float64),
+        out_channels=np.array([conv_out_channels(r.name, r.category, getattr(r, "in_shapes", ()))
+                               for r in records], dtype=np.float64),
+        conv_batch=np.array([float(_first_shape(r)[0]) if r.category == "conv" and _first_shape(r) else 0.0
+                             for r in records], dtype=np.float64),
     )
 
 
@@ -387,6 +413,9 @@ class SpecColumns:
     relayout: np.ndarray  # conv ops in a layout not native to their kernel: tensors cuDNN transposes (0 elsewhere)
     staged: np.ndarray  # bool: CUDA-core spatial convolutions, memory and compute add (Note [Staged convolutions])
     group_width: np.ndarray  # grouped convolutions' input channels per group, 1 elsewhere (Note [Group width])
+    column_bytes_per_flop: np.ndarray  # lowered convolutions' column-matrix bytes per FLOP, 0 elsewhere (Note [bf16
+    # convolutions before Ampere])
+    kernels_per_sample: np.ndarray  # lowered convolutions' kernels per sample (2 forward, 4 backward), 0 elsewhere
     bw: float
     sm_count: int
     clock_hz: float
@@ -449,6 +478,52 @@ def compute_param_index(category: str, name: str, pointwise: bool = False) -> in
 # and 7x7 convolutions' backward (stems, downsampling) behave as staged too; (4) an additive instruction-issue term
 # for memory-bound ops, bytes * iota / (fp32 peak * a): 7.2 / 19.2 scaled, iota 0.5-1.2 FLOP per byte from fold to
 # fold (weakly identified), not kept.
+# Note [bf16 convolutions before Ampere]
+# torch hands a bf16 convolution to cuDNN only on compute capability >= 8.0 (ConvParams::use_cudnn asks
+# CUDAHooks::supportsBFloat16ConvolutionWithCuDNNv8, which checks `major >= 8`). Below it - V100, T4, P100 - a dense
+# bf16 convolution runs ATen's own slow_conv2d: per sample, im2col writes a column matrix of C_in*kh*kw x oH*oW
+# elements and a cuBLAS GEMM (bf16 storage, fp32 math on CUDA cores: no bf16 tensor cores) multiplies it with the
+# weight; its backward is a GEMM plus col2im for grad_input and im2col plus a GEMM for grad_weight. So it has
+# neither cuDNN's Winograd / FFT (e_conv = 3 is that: fewer multiplies than the direct FLOPs) nor tensor cores. It
+# was priced as a cuDNN fp32 CUDA-core convolution with half the bytes, 1.6x faster than the fp32 one (V100, the 64 x
+# 32 x 26 x 26 3x3 convolution: 98.3 vs 156.2 us; T4 223.9 vs 385.2), while a bf16 GEMM prices as the fp32 one. Now
+# such a convolution (category "conv", bf16, cc < 8.0) is priced as that lowering: its FLOPs at the GEMM efficiency
+# e_conv_1x1[_bwd] (a 1x1 convolution is a plain GEMM: Note [Pointwise convolutions]) against the fp32 peak, and
+# its bytes plus the column matrix, written once and read once per im2col or col2im (2 bytes an element), at the
+# elementwise memory efficiency, stage after stage (compute + memory, as Note [Staged convolutions]). The column
+# bytes follow from the FLOPs: the forward's columns hold F / (2 C_out) elements (F = 2 C_out x the column
+# elements), written and read: 2 F / C_out bytes; the backward does twice the FLOPs and twice the column traffic
+# (col2im's and im2col's matrices): again 2 F / C_out. A 1x1 convolution has no column matrix (its GEMM reads the
+# input as is; a strided one's small im2col is left out). The loop runs per sample: N samples launch 2N kernels
+# forward (im2col, GEMM) and 4N backward (GEMM, col2im; im2col, GEMM), one fewer per sample for a 1x1 one, where cuDNN
+# launches one or a few; each kernel past the first pays the model's fixed per-kernel cost, mem_lat_cycles / clock +
+# k0 (Note [Time model]); the FLOPs keep one fill ramp (the per-sample GEMMs are smaller, so slower still). A
+# backward without grad_input (a first layer) launches 2N on the card and is charged 4N.
+# The dtype is the only switch: fp16 convolutions keep cuDNN's tensor cores (cc >= 7.0), every fp32 one is
+# unchanged. Grouped bf16 convolutions keep their CUDA-core grouped price (torch runs the wide-group ones as the
+# same lowering once per group, depthwise ones on conv_depthwise2d: Note [Narrow groups on CUDA cores]). Not
+# measured on a card (no V100 here); derived from torch's code path.
+def lowered_conv(spec: GPUSpec, dtype: str, category: str) -> bool:
+    """Return True when a convolution runs ATen's im2col + GEMM lowering on `spec` (Note [bf16 convolutions before
+    Ampere])."""
+    return dtype == "bf16" and category == "conv" and tuple(spec.compute_capability) < (8, 0)
+
+
+def lowered_kernels_per_sample(name: str, pointwise: bool) -> float:
+    """Return the kernels a lowered convolution launches per sample: forward im2col + GEMM, backward GEMM + col2im
+    and im2col + GEMM; a 1x1 one skips im2col (Note [bf16 convolutions before Ampere])."""
+    if name.endswith("_backward"):
+        return 3.0 if pointwise else 4.0
+    return 1.0 if pointwise else 2.0
+
+
+def column_bytes_per_flop(out_channels: Any) -> Any:
+    """Return a lowered convolution's column-matrix bytes per FLOP, 2 / C_out (0 where C_out is 0: a 1x1 one; Note
+    [bf16 convolutions before Ampere])."""
+    c = np.asarray(out_channels, dtype=np.float64)
+    return np.where(c > 0, 2.0 / np.maximum(c, 1.0), 0.0)
+
+
 def staged_conv(compute_param: np.ndarray, on_tensor_cores: np.ndarray) -> np.ndarray:
     """Return, per op, whether it is priced as a staged CUDA-core spatial convolution, compute plus memory (Note
     [Staged convolutions]); `compute_param` indexes COMPUTE_PARAMS (e_conv / e_conv_bwd are 0 / 1)."""
@@ -590,10 +665,13 @@ def spec_columns(ops: OpArrays, spec: GPUSpec, tc_eff: float, m_stream: float = 
                     continue
                 relayout[j] = 3.0 if backward else 2.0  # dy, x, dx; forward: x, y
     pointwise = ops.pointwise if ops.pointwise is not None else np.zeros(n, dtype=bool)
-    compute_param = np.array([compute_param_index(c, name, bool(pw)) for c, name, pw in
-                              zip(ops.category, ops.names, pointwise, strict=True)], dtype=np.int64)
+    lowered = np.array([lowered_conv(spec, d, c) for c, d in zip(ops.category, ops.dtype, strict=True)], dtype=bool)
+    compute_param = np.array([compute_param_index(c, name, bool(pw) or bool(lw)) for c, name, pw, lw in
+                              zip(ops.category, ops.names, pointwise, lowered, strict=True)], dtype=np.int64)
     staged = staged_conv(compute_param, on_tc)
     mem = np.where(staged, np.where(ops.phase > 0, _MEM_IDX["m_conv_bwd"], _MEM_IDX["m_conv"]), mem)
+    staged = staged | lowered  # See Note [bf16 convolutions before Ampere]: stages, at the elementwise efficiency
+    out_channels = ops.out_channels if ops.out_channels is not None else np.zeros(n)
     stream = np.array([streams(spec, d, c, name, m_stream)
                        for c, d, name in zip(ops.category, ops.dtype, ops.names, strict=True)], dtype=bool)
     return SpecColumns(
@@ -614,6 +692,9 @@ def spec_columns(ops: OpArrays, spec: GPUSpec, tc_eff: float, m_stream: float = 
         staged=staged,
         group_width=np.where(np.isin(compute_param, (2, 3)) & ~on_tc, ops.group_width, 1.0) if (
             ops.group_width is not None) else np.ones(n),
+        column_bytes_per_flop=np.where(lowered, column_bytes_per_flop(out_channels), 0.0),
+        kernels_per_sample=np.array([lowered_kernels_per_sample(name, bool(pw)) if lw else 0.0 for name, pw, lw in
+                                     zip(ops.names, pointwise, lowered, strict=True)], dtype=np.float64),
         bw=spec.load_memory_bw_gbps * 1e9,  # See Note [Sustained clock]
         sm_count=spec.sm_count,
         clock_hz=spec.load_clock_mhz * 1e6,
@@ -660,10 +741,11 @@ def group_efficiency(e_grouped: Any, e_dense: Any, group_width: Any, half: Any) 
 
 
 def kernel_seconds(flops: Any, nbytes: Any, cols: SpecColumns, p: dict[str, Any], f: dict[str, Any],
-                   relayout_bytes: Any = None) -> torch.Tensor:
+                   relayout_bytes: Any = None, conv_batch: Any = None) -> torch.Tensor:
     """Return per-op GPU kernel seconds as a float64 tensor (`p` shared params, `f` per-GPU factors; floats or
     tensors, so the calibration can differentiate through it). `relayout_bytes` (conv activation bytes, same shape as
-    `nbytes`) prices layout transposes where cols.relayout says so (Note [Layout cost])."""
+    `nbytes`) prices layout transposes where cols.relayout says so (Note [Layout cost]); `conv_batch` (convolutions'
+    samples, same shape) the per-sample kernels of lowered convolutions (Note [bf16 convolutions before Ampere])."""
     flops, nbytes = _t(flops), _t(nbytes)
     e = torch.stack([_t(p[k]) for k in COMPUTE_PARAMS])
     m = torch.stack([_t(p[k]) for k in MEMORY_PARAMS])
@@ -686,11 +768,16 @@ def kernel_seconds(flops: Any, nbytes: Any, cols: SpecColumns, p: dict[str, Any]
     compute = (flops + p["w_half"] * cols.sm_count) / (torch.as_tensor(cols.peak) * eff)
     compute = torch.where(has_compute, compute, torch.zeros_like(compute))
     latency = p["mem_lat_cycles"] / cols.clock_hz
+    if cols.column_bytes_per_flop.any():  # See Note [bf16 convolutions before Ampere]
+        nbytes = nbytes + flops * torch.as_tensor(cols.column_bytes_per_flop)
     memory = nbytes / (cols.bw * m_op) + latency
     body = torch.maximum(compute, memory)
     if cols.staged.any():  # See Note [Staged convolutions]
         body = torch.where(torch.as_tensor(cols.staged), compute + memory, body)
     body = body + p["k0"]
+    if conv_batch is not None and cols.kernels_per_sample.any():  # See Note [bf16 convolutions before Ampere]
+        launches = torch.clamp(torch.as_tensor(cols.kernels_per_sample) * _t(conv_batch) - 1.0, min=0.0)
+        body = body + launches * (latency + p["k0"])
     if relayout_bytes is not None and cols.relayout.any():
         relayout = torch.as_tensor(cols.relayout)
         m_copy = m[torch.as_tensor(np.where(cols.relayout > 0, _relayout_param(cols), 0))] * f["b"]

@@ -80,6 +80,9 @@ def batch_linear_ops(model: str, dtype: str = "fp32", optimizer: str = "sgd-gpem
     assert a1.relayout_bytes is not None and a2.relayout_bytes is not None
     act1 = (a2.relayout_bytes - a1.relayout_bytes) / (b2 - b1)
     a1.relayout_bytes_per_sample, a1.relayout_bytes = act1, a1.relayout_bytes - act1 * b1
+    if a1.conv_batch is not None and a2.conv_batch is not None:  # Note [bf16 convolutions before Ampere]
+        n1 = (a2.conv_batch - a1.conv_batch) / (b2 - b1)
+        a1.conv_batch_per_sample, a1.conv_batch = n1, a1.conv_batch - n1 * b1
     return a1
 
 
@@ -119,7 +122,7 @@ def model_phase_seconds(spec: GPUSpec, model: str, phase: str, batch_sizes: Sequ
     nbytes = ops.bytes[None, :] + ops.bytes_per_sample[None, :] * batches
     act = ops.relayout_at_batch(batches)
     with torch.no_grad():
-        kern = kernel_seconds(flops, nbytes, cols, p, f, act)
+        kern = kernel_seconds(flops, nbytes, cols, p, f, act, ops.conv_batch_at(batches))
         out = phase_seconds(kern, host_seconds(ops, p, f), p, "forward" if phase == "inference" else phase)
     return out.numpy()
 
@@ -134,7 +137,8 @@ def predict_ops(gpu: GPUSpec | str, ops: Sequence[Any], params: CostParams | Non
     arrays = op_arrays(ops)
     cols = spec_columns(arrays, spec, params.tc_eff_for(spec), params.m_stream)
     with torch.no_grad():
-        kern = kernel_seconds(arrays.flops, arrays.bytes, cols, params.shared, params.factors(spec), arrays.relayout_bytes)
+        kern = kernel_seconds(arrays.flops, arrays.bytes, cols, params.shared, params.factors(spec), arrays.relayout_bytes,
+                              arrays.conv_batch)
     return [float(x) for x in kern]
 
 

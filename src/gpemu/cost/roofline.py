@@ -16,12 +16,16 @@ from gpemu.cost.model import (
     LAYOUT_NONE,
     CostParams,
     bn_plane,
+    column_bytes_per_flop,
     compute_param_index,
     conv_group_width,
+    conv_out_channels,
     fused_attention_eff,
     group_efficiency,
     is_pointwise_conv,
     load_params,
+    lowered_conv,
+    lowered_kernels_per_sample,
     mem_param,
     native_conv_layout,
     peak_flops,
@@ -80,15 +84,18 @@ def op_bytes(args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> int:
 
 
 def cost_time_s(cost: OpCost, name: str, spec: GPUSpec, params: CostParams | None = None,
-                plane: float = math.inf, pointwise: bool = False, group_width: float = 1.0) -> float:
+                plane: float = math.inf, pointwise: bool = False, group_width: float = 1.0,
+                out_channels: float = 0.0, samples: float = 0.0) -> float:
     """Return the fitted model's kernel seconds for one op's cost on `spec` (0 for views; no launch overhead);
     `plane` is a batch-norm op's H*W (Note [Batch-norm plane size]); `pointwise` marks a 1x1 convolution (Note
-    [Pointwise convolutions])."""
+    [Pointwise convolutions]); `out_channels` and `samples` a dense convolution's (Note [bf16 convolutions before
+    Ampere])."""
     if cost.category == "view":
         return 0.0
     params = params or load_params()
     p, f = params.shared, params.factors(spec)
-    cidx = compute_param_index(cost.category, name, pointwise)
+    lowered = lowered_conv(spec, cost.dtype, cost.category)  # See Note [bf16 convolutions before Ampere]
+    cidx = compute_param_index(cost.category, name, pointwise or lowered)
     compute = 0.0
     on_tc = False
     if cidx >= 0:
@@ -115,8 +122,11 @@ def cost_time_s(cost: OpCost, name: str, spec: GPUSpec, params: CostParams | Non
     if streams(spec, cost.dtype, cost.category, name, params.m_stream):
         bw, m_eff = spec.load_memory_bw_gbps * 1e9, params.m_stream * ramp  # Note [16-bit streaming]
     latency = p["mem_lat_cycles"] / (spec.load_clock_mhz * 1e6)  # Note [Sustained clock]
-    memory = cost.bytes / (bw * m_eff) + latency
-    total = (compute + memory if staged else max(compute, memory)) + p["k0"]
+    nbytes = cost.bytes + (cost.flops * float(column_bytes_per_flop(out_channels)) if lowered else 0.0)
+    memory = nbytes / (bw * m_eff) + latency
+    total = (compute + memory if staged or lowered else max(compute, memory)) + p["k0"]
+    if lowered and samples > 1:  # the per-sample loop's kernels: Note [bf16 convolutions before Ampere]
+        total += (lowered_kernels_per_sample(name, pointwise) * samples - 1) * (latency + p["k0"])
     if cost.category == "conv" and cost.layout and cost.relayout_bytes:
         native = native_conv_layout(spec, cost.dtype, cost.tensor_core)
         foreign = native != LAYOUT_NONE and (cost.layout == "nhwc") != (native == LAYOUT_NHWC)
@@ -212,7 +222,9 @@ def op_time_s(func: Any, args: Sequence[Any], kwargs: dict[str, Any], out: Any, 
     shapes = [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
     pointwise = is_pointwise_conv(name, cost.category, shapes) or is_dilated_conv(name, cost.category, args, kwargs)
     value = cost_time_s(cost, name, spec, plane=plane, pointwise=pointwise,
-                        group_width=conv_group_width(name, cost.category, shapes))
+                        group_width=conv_group_width(name, cost.category, shapes),
+                        out_channels=conv_out_channels(name, cost.category, shapes),
+                        samples=float(shapes[0][0]) if cost.category == "conv" and shapes and shapes[0] else 0.0)
     if len(_cache) >= _CACHE_LIMIT:
         _cache.clear()
     _cache[key] = value

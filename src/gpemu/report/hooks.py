@@ -151,7 +151,7 @@ class RunReport:
                 raise
             finally:
                 _tls.inside = False
-            report.collector.on_fetch(t0, report.collector.now())
+            report.collector.on_fetch(t0, report.collector.now(), it)
             report._maybe_flush()
             return batch
 

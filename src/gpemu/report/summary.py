@@ -80,6 +80,9 @@ def iteration_rows(collector: RunCollector) -> list[dict[str, Any]]:
         }
         if win.calls_start >= 0:
             row["module_calls"] = win.calls_end - win.calls_start
+        if win.after_step_s or win.after_step_gpu_work_s:  # See Note [The last training step] in collector.py
+            row["after_step_s"] = win.after_step_s
+            row["after_step_gpu_work_s"] = win.after_step_gpu_work_s
         if len(devices) > 1:
             row["gpu_busy_s_per_device"] = busy_per_dev
         rows.append(row)
@@ -165,6 +168,11 @@ def summarize(rows: list[dict[str, Any]], warmup: int = 1) -> dict[str, Any]:
     if not steady:  # too short a run: use what there is, and say so
         steady = [r for r in rows if not r["partial"]] or rows
         note = "run too short to skip warm-up: all iterations used"
+    cut = [r for r in rows if r.get("after_step_s")]  # See Note [The last training step] in collector.py
+    if cut:
+        note += (f"; {len(cut)} training iteration(s) ended at their last step when a new loader started "
+                 f"({sum(r['after_step_s'] for r in cut):.3g} s after those steps, e.g. checkpointing, in no "
+                 "iteration: after_step_s)")
     out: dict[str, Any] = {"iterations_total": len(rows), "iterations_used": len(steady), "note": note}
     if not steady:
         return out

@@ -551,8 +551,10 @@ class _GradPlan:
         self.pool: _GradPool | None = None  # See Note [Recycled gradients]
 
 
-def _tensor_key(t: torch.Tensor) -> tuple[Any, ...]:
-    return (type(t), tuple(t.shape), t.stride(), t.dtype, t.requires_grad)
+def _tensor_key(t: EmuTensor) -> tuple[Any, ...]:
+    # the device index too: an input on another GPU than the recording's must not replay it (Note [Tensors on two
+    # devices] in tensor.py: the per-op path raises as torch does)
+    return (type(t), tuple(t.shape), t.stride(), t.dtype, t.requires_grad, t._index)
 
 
 class Replayer:

@@ -361,21 +361,27 @@ def _signature(x: Any) -> Any:
 
 
 class _Unwrapper:
-    """Replaces emulated tensors by their meta tensors in one op's arguments (one level of lists: foreach, cat)."""
+    """Replaces emulated tensors by their meta tensors in one op's arguments (one level of lists: foreach, cat);
+    notes whether a host tensor or a second emulated device was among them (Note [Tensors on two devices])."""
 
-    __slots__ = ("index", "wrappers")
+    __slots__ = ("index", "mixed", "wrappers")
 
     def __init__(self) -> None:
         self.index: int | None = None
+        self.mixed = False
         self.wrappers: dict[int, EmuTensor] = {}
 
     def one(self, x: Any) -> Any:
         if isinstance(x, EmuTensor):
             if self.index is None:
                 self.index = x._index
+            elif x._index != self.index:
+                self.mixed = True
             self.wrappers[id(x._elem)] = x
             return x._elem
         if isinstance(x, torch.Tensor):
+            if not x.is_meta:
+                self.mixed = True
             return to_meta(x)
         if isinstance(x, (list, tuple)):
             return type(x)(self.one(v) for v in x) if x and not isinstance(x[0], int) else x
@@ -387,49 +393,102 @@ class _Unwrapper:
 
 
 # Note [Tensors on two devices]: on a GPU, an op given a CUDA tensor and a CPU tensor of one or more dimensions
-# raises "Expected all tensors to be on the same device" (torch's dispatcher device check and TensorIterator; a 0-dim
-# CPU tensor passes as a scalar). gpemu turned every CPU argument into a meta tensor, so a script that forgot a
-# `.to(device)` ran here and died on the card: Lightning Fabric's transformer example without setup_dataloaders
-# (`model(input)` with CPU token ids into a CUDA embedding), `nll_loss(cuda_logits, cpu_target)`. The same error is
-# raised for a CPU tensor of one or more dimensions among an op's direct arguments; ops whose CUDA kernels take CPU
-# tensors (indexing with CPU indices, copies, packed-sequence lengths, CTC lengths) are exempt. Tensors inside lists
-# (cat, foreach) are not checked. torch.ctc_loss with CPU length tensors: for plain tensors torch reads the lengths
-# on the host and builds the mean's divisor on the device, but for a tensor subclass it takes a composite path that
-# divides the CUDA losses by the CPU lengths (forward and backward); gpemu's torch.ctc_loss passes CPU lengths as
-# lists, the plain path's own step (patches.py).
+# raises "Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu!" (torch's
+# dispatcher device check, which walks tensor lists too - `torch.cat([cuda_t, cpu_t])` names `wrapper_CUDA_cat` - and
+# TensorIterator, where a 0-dim CPU tensor passes as a scalar). So does an op given tensors of two CUDA devices
+# (cuda:0 and cuda:1), 0-dim or not. gpemu turned every CPU argument into a meta tensor and priced an op on its first
+# emulated tensor's device, so a script that forgot a `.to(device)` ran here and died on the card: Lightning Fabric's
+# transformer example without setup_dataloaders (`model(input)` with CPU token ids into a CUDA embedding),
+# `nll_loss(cuda_logits, cpu_target)`, `torch.cat([cuda_t, cpu_t])`. gpemu raises the same error when the tensors
+# among an op's arguments and inside its list arguments are not all on one device, 0-dim CPU tensors left out (torch
+# rejects those in a list - `stack` - only through the dispatcher check; gpemu lets them pass everywhere rather than
+# raise where a GPU might run). Exempt: ops whose CUDA kernels take tensors of another device (indexing with CPU or
+# other-device indices, copies, packed-sequence lengths, CTC lengths). Foreach ops (`device_check: NoCheck`) fall
+# back to a per-tensor loop when their lists span devices, so a list may span devices; the tensors at one position of
+# the lists meet in one op and must share a device (`_foreach_add_(cuda_params, cpu_tensors)` raises,
+# `_foreach_mul_([t0, t1], 2.0)` with t0 on cuda:0, t1 on cuda:1 runs, priced and placed on cuda:0), and a foreach
+# op's tensor argument outside its lists is a scalar the CUDA kernel reads on the host (`_foreach_mul_(params,
+# cpu_0dim)`) or the packed CPU `scalars` of `_foreach_addcdiv_.Tensor` / `_foreach_addcmul_.Tensor`, which must be
+# on the CPU. Cost: the unwrapper notes a non-meta host tensor or a second device index while it unwraps (one
+# comparison per emulated tensor), and only such calls are checked; an op cache hit never needs it (a host tensor has
+# no cache key, and a call that must raise raised before it was cached). The replay path (replay.py) keys a call by
+# its inputs' device index too, so an input on another GPU than the recording's runs per op and raises instead of
+# replaying on the recording's device. torch.ctc_loss with CPU length tensors: for plain tensors torch reads the
+# lengths on the host and builds the mean's divisor on the device, but for a tensor subclass it takes a composite
+# path that divides the CUDA losses by the CPU lengths (forward and backward); gpemu's torch.ctc_loss passes CPU
+# lengths as lists, the plain path's own step (patches.py).
 _CROSS_DEVICE_OK = frozenset((
     "aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_", "aten::_unsafe_index",
-    "aten::_unsafe_index_put", "aten::copy_", "aten::_copy_from", "aten::_copy_from_and_resize", "aten::_to_copy",
-    "aten::to", "aten::set_", "aten::lift_fresh", "aten::lift_fresh_copy", "aten::_pack_padded_sequence",
-    "aten::_pad_packed_sequence", "aten::_cudnn_rnn", "aten::_cudnn_rnn_backward", "aten::ctc_loss",
-    "aten::_ctc_loss", "aten::_ctc_loss_backward", "aten::_cudnn_ctc_loss", "aten::_use_cudnn_ctc_loss",
-    "aten::record_stream", "aten::is_pinned", "aten::_pin_memory", "aten::is_same_size",
-    "aten::_has_compatible_shallow_copy_type",
+    "aten::_unsafe_index_put", "aten::_unsafe_masked_index", "aten::_unsafe_masked_index_put_accumulate",
+    "aten::copy_", "aten::_copy_from", "aten::_copy_from_and_resize", "aten::_to_copy", "aten::to", "aten::set_",
+    "aten::lift_fresh", "aten::lift_fresh_copy", "aten::_pack_padded_sequence", "aten::_pad_packed_sequence",
+    "aten::_cudnn_rnn", "aten::_cudnn_rnn_backward", "aten::ctc_loss", "aten::_ctc_loss", "aten::_ctc_loss_backward",
+    "aten::_cudnn_ctc_loss", "aten::_use_cudnn_ctc_loss", "aten::record_stream", "aten::is_pinned",
+    "aten::_pin_memory", "aten::is_same_size", "aten::_has_compatible_shallow_copy_type", "aten::broadcast_tensors",
 ))
 
 
-def _check_devices(func: Any, values: Any, index: int) -> None:
-    """Raise torch's error when a CPU tensor of one or more dimensions meets an emulated one in one op (Note [Tensors
-    on two devices])."""
+def _device_of(v: Any) -> str | None:
+    """Return the device name an op argument puts on a GPU's device check, or None when it is exempt (not a tensor,
+    a meta tensor, a 0-dim CPU tensor). See Note [Tensors on two devices]."""
+    if type(v) is EmuTensor:
+        return f"cuda:{v._index}"
+    if not isinstance(v, torch.Tensor) or v.is_meta or (v.dim() == 0 and v.device.type == "cpu"):
+        return None
+    return str(v.device)
+
+
+def _is_host(v: Any) -> bool:
+    """Return True for a plain tensor that is not meta (a CPU tensor)."""
+    return type(v) is not EmuTensor and isinstance(v, torch.Tensor) and not v.is_meta
+
+
+def _check_devices(func: Any, args: Any, kwargs: Any) -> None:
+    """Raise torch's error when the tensors of one op (lists included) are on two devices (Note [Tensors on two
+    devices]); called only for calls whose unwrapping saw a host tensor or a second emulated device."""
+    name = func._schema.name
+    if name in _CROSS_DEVICE_OK:
+        return
+    values = (*args, *kwargs.values()) if kwargs else args
+    if name.startswith("aten::_foreach_"):
+        lists = [v for v in values if isinstance(v, (list, tuple)) and v and not isinstance(v[0], (int, float))]
+        for column in zip(*lists, strict=False):  # one per-tensor op of torch's slow path
+            _same_device(func, column)
+        return
+    flat: list[Any] = []
     for v in values:
-        if type(v) is not EmuTensor and isinstance(v, torch.Tensor) and v.dim() and v.device.type == "cpu":
-            if func._schema.name in _CROSS_DEVICE_OK:
-                return
+        if isinstance(v, (list, tuple)):
+            flat.extend(v)
+        else:
+            flat.append(v)
+    _same_device(func, flat)
+
+
+def _same_device(func: Any, values: Any) -> None:
+    first = None
+    for v in values:
+        device = _device_of(v)
+        if device is None:
+            continue
+        if first is None:
+            first = device
+        elif device != first:
             raise RuntimeError(
-                f"Expected all tensors to be on the same device, but found at least two devices, cuda:{index} and "
-                f"cpu! (gpemu: in {func}, as a GPU raises it)")
+                f"Expected all tensors to be on the same device, but found at least two devices, {first} and "
+                f"{device}! (gpemu: in {func}, as a GPU raises it)")
 
 
 def unwrap_all(args: Any, kwargs: Any, func: Any = None) -> tuple[Any, Any, int, dict[int, EmuTensor]]:
-    """Return (meta args, meta kwargs, device index, {id(inner): wrapper}) for one op call; with `func`, a CPU tensor
-    argument raises as on a GPU (Note [Tensors on two devices])."""
+    """Return (meta args, meta kwargs, device index, {id(inner): wrapper}) for one op call; with `func`, tensors on
+    two devices raise as on a GPU (Note [Tensors on two devices])."""
     u = _Unwrapper()
     uargs = tuple(u.one(a) for a in args)
     ukwargs = {k: u.one(v) for k, v in kwargs.items()} if kwargs else {}
-    if func is not None and u.wrappers:
-        _check_devices(func, args, u.index if u.index is not None else 0)
-        if kwargs:
-            _check_devices(func, kwargs.values(), u.index if u.index is not None else 0)
+    if func is not None and u.mixed and u.wrappers:
+        _check_devices(func, args, kwargs)
+        if func._schema.name.startswith(("aten::_foreach_addcdiv", "aten::_foreach_addcmul")):
+            # their packed `scalars` are read on the host, by the meta kernel too (Note [Tensors on two devices])
+            uargs = tuple(a if _is_host(a) else ua for a, ua in zip(args, uargs, strict=True))
     if ukwargs.get("pin_memory"):
         ukwargs["pin_memory"] = False
     index = u.index if u.index is not None else state.require().current_device()
