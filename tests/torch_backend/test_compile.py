@@ -285,3 +285,34 @@ def test_compiled_blocks_inside_an_uncompiled_model_fuse() -> None:
     bwd = max(unit_s["relu_bwd"], m)
     assert t2 - t1 == pytest.approx(2 * bwd + scale, rel=1e-6)
     assert described["compiled"] == ["_TwoParams"]
+
+
+def _accumulating_steps_s(replay: bool) -> list[float]:
+    """Return the kernel seconds of 6 compiled forward + backward calls that add into the same gradients."""
+    emu = gt.install("a100", replay=replay)
+    try:
+        shape = (16, 1024, 1024)
+        model = torch.compile(_TwoParams(shape).cuda())
+        x = torch.randn(shape, device="cuda")
+        stats = emu.devices[0].stats
+        steps = []
+        for _ in range(6):  # no zero_grad: calls 2-6 add into the gradients (gradient accumulation)
+            torch.cuda.synchronize()
+            t0 = stats.work_s["kernel"]
+            model(x).sum().backward()
+            torch.cuda.synchronize()
+            steps.append(stats.work_s["kernel"] - t0)
+        assert (emu.replay.replayed if replay else 0) == (4 if replay else 0)  # calls 3-6 replay
+        return steps
+    finally:
+        gt.uninstall()
+
+
+def test_a_replayed_compiled_backward_prices_its_gradient_adds_in_full() -> None:
+    # Note [Adds of a replayed backward]: the replayed backward adds into the existing gradients inside its own
+    # autograd node, whose sequence number lies in the compiled forward's range, so the two adds of 16 * 1024 * 1024
+    # fp32 gradients (64 MiB each) were priced into the fused backward group: a replayed call read 0.535 ms against
+    # 0.683 ms per op. Per op they run in AccumulateGrad, priced in full.
+    per_op = _accumulating_steps_s(replay=False)
+    assert per_op[2] > per_op[0]  # the adds
+    assert _accumulating_steps_s(replay=True) == pytest.approx(per_op, rel=1e-9)

@@ -749,6 +749,37 @@ class CachingAllocator:
             out[b.tag] = out.get(b.tag, 0) + b.size_bytes
         return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
+    def transient(self, size_bytes: int, stream_id: int = 0, tag: str = "") -> None:
+        """Allocate `size_bytes` and free it at once, standing for temporaries that came and went as many tensors.
+
+        A cached free block that fits is taken and given back (peaks and counters as malloc + free). When none fits
+        but the cache holds that many free bytes in smaller blocks, only the allocated peak moves: the temporaries
+        it stands for were served from those blocks when they ran one by one (Note [Saved activations as
+        allocated] in gpemu.torch_backend.replay). Otherwise it is malloc + free: a new segment, or out of memory.
+        """
+        if size_bytes <= 0:
+            return
+        size = (size_bytes + 511) & -512 if size_bytes > MIN_BLOCK_BYTES else MIN_BLOCK_BYTES
+        free = (self._free_small if size <= SMALL_SIZE_BYTES else self._free_large).get(stream_id)
+        fits = bool(free) and bisect_left(free, (size,)) < len(free)  # type: ignore[arg-type]
+        ac = self._all
+        if not fits and ac.res_bytes - ac.alloc_bytes >= size:
+            pc = self._small if size <= SMALL_SIZE_BYTES else self._large
+            for view in (pc, ac):
+                view.alloc_bytes_peak = max(view.alloc_bytes_peak, view.alloc_bytes + size)
+                view.req_bytes_peak = max(view.req_bytes_peak, view.req_bytes + size_bytes)
+            return
+        self.free(self.malloc(size_bytes, stream_id, tag))
+
+    def handle_mark(self) -> int:
+        """Return a handle number no allocation gets: every allocation made later has a larger handle."""
+        return next(self._handles)
+
+    def live_since(self, mark: int) -> list[tuple[int, int, int]]:
+        """Return (handle, requested bytes, block bytes) of every live allocation made after handle_mark() gave
+        `mark`, in allocation order."""
+        return sorted((h, b.requested_bytes, b.size_bytes) for h, b in self._live.items() if h > mark)
+
     def size_of(self, handle: int) -> int:
         """Return the bytes a live allocation holds (0 when unknown)."""
         block = self._live.get(handle)

@@ -83,10 +83,12 @@ def compiled_module(module: torch.nn.Module) -> torch.nn.Module | None:
 class FusionGroups:
     """The running group of fusible ops of a compiled region (Note [Compiled regions])."""
 
-    __slots__ = ("_group_s", "_ranges", "active", "fused_ops", "saved_s")
+    __slots__ = ("_group_s", "_ranges", "accumulating", "active", "fused_ops", "saved_s")
 
     def __init__(self) -> None:
         self.active = False
+        # ops standing for AccumulateGrad's adds inside a replayed backward (Note [Adds of a replayed backward])
+        self.accumulating = False
         self._group_s = 0.0
         # a backward region: the autograd sequence numbers [lo, hi) of the nodes each compiled forward made
         self._ranges: tuple[tuple[int, int], ...] = ()
@@ -108,6 +110,8 @@ class FusionGroups:
 
     def adjust(self, predicted_s: float, fusible: bool) -> float:
         """Return what one op adds to the step: its time, or for a fusible op what it adds to its group's maximum."""
+        if self.accumulating:  # eager kernels that leave the open group open, as AccumulateGrad's
+            return predicted_s
         if self._ranges:  # a backward region: only the nodes the compiled forwards made fuse
             node = torch._C._current_autograd_node()
             seq = -1 if node is None else node._sequence_nr()  # None: outside the backward pass

@@ -61,7 +61,33 @@ def host_value(
         return default.clone()
     if emu is not None and emu.float_value and dtype.is_floating_point:  # See Note [Reading computed values]
         return torch.full(shape, emu.float_value, dtype=dtype, device="cpu")
+    if reason == "torch.save":  # See Note [Host zeros on demand]
+        return host_zeros(shape, dtype)
     return torch.zeros(shape, dtype=dtype, device="cpu")  # device=: a default device of cuda must not apply here
+
+
+_LAZY_ZEROS_MIN_BYTES = 1 << 20
+
+
+# Note [Host zeros on demand]: a host read of a computed tensor returns zeros, and a checkpoint of emulated tensors is
+# made of such reads (`__reduce_ex__`: Note [Saving emulated tensors]). torch.save keeps every storage it pickled until
+# it writes them all, which costs a GPU run nothing (its storages are on the card and are copied out one at a time as
+# they are written) but made gpemu hold the whole checkpoint in host memory: litgpt's final save of TinyLlama-1.1B
+# with AdamW (13.2 GB of weights and moments) grew the process to 23.6 GB and the kernel killed it on a 24 GB host;
+# 4 x 256 MiB weights with Adam (3 GiB saved) grew it by 2.1 GiB. Large zeros for torch.save now come from calloc
+# (numpy's zeros): fresh pages the kernel maps on first write, so a checkpoint that is only read to be written costs
+# no resident memory. Only torch.save's reads take them: a `.cpu()` result is resident on a GPU run too, and its
+# storage stays resizable as torch's own.
+def host_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """Return a CPU tensor of zeros; a large one's pages are untouched until written (Note [Host zeros on demand])."""
+    numel = math.prod(shape)
+    nbytes = numel * dtype.itemsize
+    if nbytes < _LAZY_ZEROS_MIN_BYTES or dtype.is_complex or dtype.itemsize > 8:
+        return torch.zeros(shape, dtype=dtype, device="cpu")  # device=: a default device of cuda must not apply here
+    import numpy as np
+
+    raw = torch.from_numpy(np.zeros(nbytes, dtype=np.uint8))
+    return raw.view(dtype).view(shape)
 
 
 # Note [Reading computed values]: values are not computed, so a host read of a computed tensor returns zeros (or the

@@ -53,7 +53,7 @@ import torch.nn.modules.module as _nn_module
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from gpemu.cost.roofline import fp32_math_modes as _fp32_math_modes
-from gpemu.device.allocator import round_size
+from gpemu.device.allocator import SMALL_SIZE_BYTES, round_size
 from gpemu.torch_backend import ops as emu_ops
 from gpemu.torch_backend import state
 from gpemu.torch_backend import tensor as emu_tensor
@@ -100,6 +100,9 @@ class Recording:
     fwd: list[tuple[str, float, str]] = field(default_factory=list)
     bwd: list[tuple[str, float, str]] = field(default_factory=list)
     saved_bytes: int = 0  # held from the end of forward to the end of backward
+    # the requested bytes of each allocation saved_bytes is made of, in allocation order; None: one block of
+    # saved_bytes (Note [Saved activations as allocated])
+    saved_sizes: tuple[int, ...] | None = None
     fwd_transient_bytes: int = 0  # forward peak above the level at forward's end
     bwd_peak_bytes: int = 0  # backward peak above the level at backward's start
     out_spec: Any = None
@@ -164,6 +167,7 @@ class _Window:
         self.device = device
         self.allocator = device.allocator
         self.start = self.allocator.memory_allocated()
+        self.mark = self.allocator.handle_mark()
         self.token = self.allocator.begin_peak_window()
         self.effects = _effects(device)
 
@@ -282,6 +286,31 @@ def _charge_chunks(emu: Any, index: int, chunks: list[Chunk]) -> None:
 # passes through the hook. If a forward-only replay ever gets a backward (a key first seen in evaluation, then
 # trained), its backward kernels are not known: gpemu warns once, that step's backward charges nothing, and the key
 # records again.
+def _saved_sizes(allocator: Any, mark: int, outputs: list[Any], added_bytes: int) -> tuple[int, ...] | None:
+    """Return the requested bytes of each allocation a recorded forward left live besides its outputs, in order;
+    None when the forward's live allocations do not make up the `added_bytes` it added (Note [Saved activations as
+    allocated])."""
+    out_handles = {emu_tensor.storage_handle(t) for t in outputs}
+    if 0 in out_handles:
+        return None
+    live = allocator.live_since(mark)
+    if sum(size for _h, _req, size in live) != added_bytes or not out_handles <= {h for h, _req, _size in live}:
+        return None
+    sizes = [req for h, req, _size in live if h not in out_handles and req > SMALL_SIZE_BYTES]
+    # the small-pool ones (batch norm's saved statistics, scalars) as few small-pool blocks of their rounded bytes:
+    # they share 2 MiB segments either way, and one block per tensor costs host time per replay
+    small = 0
+    for h, req, size in live:
+        if h not in out_handles and req <= SMALL_SIZE_BYTES:
+            if small + size > SMALL_SIZE_BYTES:
+                sizes.append(small)
+                small = 0
+            small += size
+    if small:
+        sizes.append(small)
+    return tuple(sizes)
+
+
 class _Sentinel:
     """An object whose death says that the autograd graph holding it died."""
 
@@ -301,8 +330,22 @@ class _Held:
 
     __slots__ = ("__weakref__", "release")
 
-    def __init__(self, allocator: Any, handle: int) -> None:
-        self.release = weakref.finalize(self, allocator.free, handle)
+    def __init__(self, allocator: Any, handles: list[int]) -> None:
+        self.release = weakref.finalize(self, allocator.free_many, handles)
+
+
+# Note [Saved activations as allocated]: a replayed forward holds what the recorded forward left allocated besides
+# its outputs (the activations autograd saved, autocast's weight copies) until its backward. It was one block of
+# their total, where the per-op path holds one allocation per tensor. The caching allocator serves many tensors from
+# the blocks earlier steps cached, but one block of the total needs a segment that large: litgpt's pretrain of
+# TinyLlama-1.1B (micro-batch 4 x 2048, bf16-mixed) on an emulated A100 40GB trained its per-op steps and then died
+# on the first replay, asking for 23.48 GiB with 21.0 GiB cached free in smaller segments; on a GPU the same tensors
+# fit. A 6-layer MLP with 6 MiB activations reserved 112 MiB replayed against 82 MiB per op. The recording now
+# notes the size of each allocation the forward left live (allocator handles newer than the forward's start, less
+# the outputs' storages) and the replay allocates the same sizes in the same order (one malloc_many: a few
+# microseconds per tensor; the small-pool ones, batch norm's statistics and the like, as a few blocks of their
+# summed bytes). When the sizes do not add up to the recorded level (the forward freed something older,
+# or an output has no allocation of its own), the replay keeps the single block.
 
 
 # Note [Outputs sharing a storage]: a forward may return views of one tensor it made: transformers 4.x GPT-2 (and
@@ -346,27 +389,40 @@ class _ReplayFn(torch.autograd.Function):
             else:
                 emu_ops.charge_h2d(rec.index, event[1], event[2], event[3], {"replay": True})
         ctx.rec = rec
-        ctx.held = _Held(alloc, alloc.malloc(rec.saved_bytes, stream_id, "replay: saved activations")) if (
-            rec.saved_bytes > 0) else None
-        tmp = alloc.malloc(rec.fwd_transient_bytes, stream_id, "replay: forward temporaries") if (
-            rec.fwd_transient_bytes > 0) else None
+        if rec.saved_sizes is not None:  # See Note [Saved activations as allocated]
+            ctx.held = _Held(alloc, alloc.malloc_many(list(rec.saved_sizes), stream_id, "replay: saved activations")) if (
+                rec.saved_sizes) else None
+        else:
+            ctx.held = _Held(alloc, [alloc.malloc(rec.saved_bytes, stream_id, "replay: saved activations")]) if (
+                rec.saved_bytes > 0) else None
         if rec.out_layout is None:
             outs = tuple(fresh(shape, stride, dtype, rec.index, "replay: output") for shape, stride, dtype, _rg in rec.out_meta)
         else:
             outs = _laid_out(rec)
-        if tmp is not None:
-            alloc.free(tmp)
+        # the forward's peak above its end level, while the outputs are held (Note [Saved activations as allocated])
+        alloc.transient(rec.fwd_transient_bytes, stream_id, "replay: forward temporaries")
         nondiff = [o for o, m in zip(outs, rec.out_meta, strict=True) if not m[3]]
         if nondiff:
             ctx.mark_non_differentiable(*nondiff)
         return outs
 
+    # Note [Adds of a replayed backward]: the replayed backward sets each parameter's gradient itself (Note [Direct
+    # gradients]), adding into an existing `.grad` under gradient accumulation, so those adds run inside the replay's
+    # own autograd node, whose sequence number lies in the compiled forward's range (Note [Compiled regions] in
+    # fusion.py): a compiled model's adds were priced as part of its fused backward groups. On a GPU they are
+    # AccumulateGrad's eager kernels, as the per-op path prices them: litgpt's pretrain of pythia-14m (4 x 512 tokens,
+    # compiled, 4 micro-steps per optimizer step) read 5.61 ms per replayed micro-step against 6.25 ms per op, its
+    # 78 adds charged 77 us instead of 702 us. They are priced one by one now, leaving the open group open.
     # Note [Backward peak]: a per-op backward frees saved activations as it goes and allocates gradients as it goes,
     # so its peak (recorded as bytes above the level at its start) can be far below saved + gradients: BERT's
-    # backward peaks 31 MiB above its start while it creates 201 MiB of gradients. The replayed backward releases the
-    # saved activations first, creates the gradients, then briefly allocates what is left up to the recorded peak:
-    # max_memory_allocated() is the per-op path's (allocating the gradients while still holding the activations
-    # overstated a 4-layer BERT's backward peak by 170 MiB, 1526 vs 1350 MiB).
+    # backward peaks 31 MiB above its start while it creates 201 MiB of gradients. The replayed backward briefly
+    # allocates the recorded peak's bytes above the level at its start while the saved activations are still held,
+    # then releases them and creates the gradients: max_memory_allocated() is the per-op path's (allocating the
+    # gradients while still holding the activations overstated a 4-layer BERT's backward peak by 170 MiB, 1526 vs
+    # 1350 MiB). Session 5 released the activations first and topped up to the peak afterwards, one block of the
+    # activations' bytes plus the temporaries: litgpt's TinyLlama-1.1B on an A100 40GB asked for one 23.97 GiB block
+    # with 23.85 GiB cached free in smaller segments and died where the per-op steps had fit (Note [Saved
+    # activations as allocated]).
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:  # type: ignore[override]
         rec: Recording = ctx.rec
@@ -414,9 +470,11 @@ class _ReplayFn(torch.autograd.Function):
         peaks = rec.bwd_peaks
         # See Note [Backward peak]
         peak_at = alloc.memory_allocated() + (peaks.get(have, max(peaks.values())) if peaks else rec.bwd_peak_bytes)
+        malloc = alloc.malloc
+        # the peak's temporaries, while the saved activations are still held (Note [Backward peak])
+        alloc.transient(peak_at - alloc.memory_allocated(), stream_id, "replay: backward temporaries")
         if ctx.held is not None:
             ctx.held.release()
-        malloc = alloc.malloc
         block: list[EmuTensor] | tuple[()]
         if capture is not None:  # autograd.grad() of detached parameters: returned by the rescue, not set
             assert direct is not None
@@ -431,33 +489,35 @@ class _ReplayFn(torch.autograd.Function):
         out: list[Any] = [None] * len(needs)
         for i, m in plan.engine:
             out[i] = fresh_on(m[0], m[1], m[2], index, "replay: grad", malloc, stream_id)
-        rest = peak_at - alloc.memory_allocated()
-        if rest > 0:
-            alloc.free(alloc.malloc(rest, stream_id, "replay: backward temporaries"))
-        if block:
-            assert direct is not None
-            with _plain_attrs():  # See Note [Tensor attributes from Python]
-                for j, g in zip(plan.block_params, block, strict=True):
-                    p = direct[j]
-                    grad = p.grad
-                    if grad is None:
-                        p.grad = g
-                    else:
-                        grad.add_(g)
-            if plan.pool is not None and emu.replay is not None:  # only now: its gradients are held as `.grad`
-                emu.replay.armed.append(plan.pool)
-        if plan.added:  # one at a time, each freed after its add, as AccumulateGrad does
-            assert direct is not None
-            with _plain_attrs():
-                for j, m in plan.added:
-                    p = direct[j]
-                    g = fresh_on(m[0], m[1], m[2], index, "replay: grad", malloc, stream_id)
-                    grad = p.grad
-                    if grad is None:
-                        p.grad = g
-                    else:
-                        grad.add_(g)
-                    del g
+        fusion = emu.phases.fusion
+        fusion.accumulating = True  # See Note [Adds of a replayed backward]
+        try:
+            if block:
+                assert direct is not None
+                with _plain_attrs():  # See Note [Tensor attributes from Python]
+                    for j, g in zip(plan.block_params, block, strict=True):
+                        p = direct[j]
+                        grad = p.grad
+                        if grad is None:
+                            p.grad = g
+                        else:
+                            grad.add_(g)
+                if plan.pool is not None and emu.replay is not None:  # only now: its gradients are held as `.grad`
+                    emu.replay.armed.append(plan.pool)
+            if plan.added:  # one at a time, each freed after its add, as AccumulateGrad does
+                assert direct is not None
+                with _plain_attrs():
+                    for j, m in plan.added:
+                        p = direct[j]
+                        g = fresh_on(m[0], m[1], m[2], index, "replay: grad", malloc, stream_id)
+                        grad = p.grad
+                        if grad is None:
+                            p.grad = g
+                        else:
+                            grad.add_(g)
+                        del g
+        finally:
+            fusion.accumulating = False
         if det is not None:
             return (None, None, None, *out[:len(needs) - len(det.params)])
         return (None, None, *out)
@@ -801,6 +861,7 @@ class Replayer:
         rec.out_layout = None if plain else (tuple(storages), tuple(places))
         rec.saved_bytes = end - win.start - out_bytes
         rec.fwd_transient_bytes = peak - end
+        rec.saved_sizes = _saved_sizes(device.allocator, win.mark, leaves, end - win.start)
         if rec.saved_bytes < 0:
             rec.ok = False
         grad_out = next((t for t in leaves if t.requires_grad), None)

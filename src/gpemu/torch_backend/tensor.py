@@ -307,6 +307,12 @@ def wrap(elem: torch.Tensor, index: int, requires_grad: bool = False, tag: str =
     return out
 
 
+def storage_handle(t: EmuTensor) -> int:
+    """Return the allocator handle of `t`'s storage (0 when it has none of its own: a block wrapper's or unknown)."""
+    rec = _live.get(t._elem.untyped_storage()._cdata)
+    return int(rec[0]) if rec is not None else 0
+
+
 def live_storage_count() -> int:
     """Return how many emulated storages are alive (for tests and reports)."""
     return len(_live)
