@@ -84,7 +84,7 @@ def _conv_pair(dtype: torch.dtype) -> tuple[float, float, float]:
 
 def _conv_backward(x: torch.Tensor, w: torch.Tensor) -> tuple[float, float]:
     """Return (bytes transposed, seconds) of one 3x3 convolution's backward (dx and dw) on a V100-SXM2."""
-    (args, y) = _conv(x, w)
+    _, y = _conv(x, w)
     bargs = (torch.empty_like(y), x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, True, False])
     cost = op_cost(aten.convolution_backward.default, bargs, {}, aten.convolution_backward.default(*bargs))
     return cost.relayout_bytes, cost_time_s(cost, "convolution_backward", get_gpu("v100-sxm2-32gb"))
