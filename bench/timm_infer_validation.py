@@ -25,7 +25,6 @@ import json
 import statistics
 import sys
 import time
-from collections import defaultdict
 
 from _timm_infer_rows import LAYOUT, ROWS, SOURCES
 
@@ -59,6 +58,19 @@ def _predicted_samples_per_s(gpu: str, name: str, batch: int, memory_format: str
 
     seconds = predict_phase(gpu, f"_timm_zoo:{name}", "inference", batch, "amp", memory_format=memory_format).value
     return batch / seconds
+
+
+def _ratio_errors(by: dict[tuple[str, str], dict[str, object]], models: list[str], a: str, b: str) -> list[float]:
+    """Return, per model in both files, the % error of the predicted speed ratio b / a against the published one."""
+    errs = []
+    for m in models:
+        ra, rb = by.get((a, m)), by.get((b, m))
+        if ra is None or rb is None:
+            continue
+        pub = float(rb["published_samples_per_s"]) / float(ra["published_samples_per_s"])  # type: ignore[arg-type]
+        pred = float(rb["predicted_samples_per_s"]) / float(ra["predicted_samples_per_s"])  # type: ignore[arg-type]
+        errs.append(100 * (pred / pub - 1))
+    return errs
 
 
 def _write_expected_error(errors_pct: list[float]) -> None:
@@ -137,29 +149,13 @@ def main() -> None:
     for f in GPU_OF_FILE:
         print("  " + _summary(f"{f} ({GPU_OF_FILE[f]}, {LAYOUT[f]})", [float(r["error_pct"]) for r in out if r["file"] == f])
               + f"; {SOURCES[f]}")
-    ratio_errors: dict[str, list[float]] = defaultdict(list)
-    for a, b in PAIRS:
-        for m in models:
-            ra, rb = by.get((a, m)), by.get((b, m))
-            if ra is None or rb is None:
-                continue
-            pub = float(rb["published_samples_per_s"]) / float(ra["published_samples_per_s"])  # type: ignore[arg-type]
-            pred = float(rb["predicted_samples_per_s"]) / float(ra["predicted_samples_per_s"])  # type: ignore[arg-type]
-            ratio_errors[f"{GPU_OF_FILE[b]} / {GPU_OF_FILE[a]} ({b} / {a})"].append(100 * (pred / pub - 1))
     print("speed ratios between GPUs measured with the same PyTorch (+ = gpemu says the second GPU gains more):")
-    for label, errs in ratio_errors.items():
-        print("  " + _summary(label, errs))
+    for a, b in PAIRS:
+        print("  " + _summary(f"{GPU_OF_FILE[b]} / {GPU_OF_FILE[a]} ({b} / {a})", _ratio_errors(by, models, a, b)))
     print("NHWC / NCHW speed ratios on the same GPU and PyTorch (+ = gpemu says channels_last gains more):")
     published = {(r[0], r[1]): (r[2], r[3]) for r in ROWS}  # (file, model) -> (img_size, samples/s)
     for a, b in LAYOUT_PAIRS:
-        errs = []
-        for m in models:
-            ra, rb = by.get((a, m)), by.get((b, m))
-            if ra is None or rb is None:
-                continue
-            pub = float(rb["published_samples_per_s"]) / float(ra["published_samples_per_s"])  # type: ignore[arg-type]
-            pred = float(rb["predicted_samples_per_s"]) / float(ra["predicted_samples_per_s"])  # type: ignore[arg-type]
-            errs.append(100 * (pred / pub - 1))
+        errs = _ratio_errors(by, models, a, b)
         # the published ratio straight from ROWS (every ResNet-family model, predicted or not)
         resnet = [published[(b, m)][1] / published[(a, m)][1] for (f, m) in published
                   if f == a and m.startswith(RESNET_FAMILY) and published.get((b, m), (0, 0))[0] == published[(a, m)][0]]

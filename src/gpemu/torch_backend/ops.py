@@ -550,15 +550,20 @@ def nonzero_bound(t: Any) -> int | None:
     return entry[1]
 
 
-def _bound_sum(ts: Any) -> int | None:
-    """Return the sum of the bounds of `ts`, or None when one of them has none."""
+def _sum_of(ts: Any, bound: Callable[[Any], Any]) -> Any:
+    """Return the sum of `bound(t)` over `ts` (nonzero_bound, mass_bound), or None when one of them has none."""
     total = 0
     for t in ts:
-        b = nonzero_bound(t)
+        b = bound(t)
         if b is None:
             return None
         total += b
     return total
+
+
+def _bound_sum(ts: Any) -> int | None:
+    """Return the sum of the nonzero bounds of `ts`, or None when one of them has none."""
+    return _sum_of(ts, nonzero_bound)  # type: ignore[no-any-return]
 
 
 def _zeros(func: Any, args: Any, kwargs: Any) -> Any:
@@ -644,13 +649,8 @@ def _no_overlap(t: torch.Tensor) -> bool:
 
 def _mass_sum(ts: Any) -> float | None:
     """Return the sum of the mass bounds of `ts`, or None when one of them has none."""
-    total = 0.0
-    for t in ts:
-        m = mass_bound(t)
-        if m is None:
-            return None
-        total += m
-    return total
+    total = _sum_of(ts, mass_bound)
+    return None if total is None else float(total)
 
 
 @_special(aten._softmax.default, aten.softmax.int)  # softmax.int reaches dispatch undecomposed in some runs
