@@ -593,6 +593,18 @@ def native_conv_layout(spec: GPUSpec, dtype: str, tensor_core: bool) -> int:
     return LAYOUT_NCHW
 
 
+def transposed_tensors(spec: GPUSpec, dtype: str, tensor_core: bool, layout: int, backward: bool) -> int:
+    """Return how many activation tensors cuDNN transposes around a convolution in `layout` (LAYOUT_NCHW or
+    LAYOUT_NHWC): 0 in its kernels' native layout, else 2 forward (x, y) or 3 backward (dy, x, dx), and 0 for a 16-bit
+    NCHW forward (Note [Layout cost], Note [NCHW forward on cuDNN 9])."""
+    native = native_conv_layout(spec, dtype, tensor_core)
+    if native == LAYOUT_NONE or layout == native:
+        return 0
+    if backward:
+        return 3
+    return 0 if native == LAYOUT_NHWC else 2
+
+
 STREAM_CATEGORIES = frozenset({"elementwise", "norm", "reduction", "copy"})
 
 
@@ -658,12 +670,9 @@ def spec_columns(ops: OpArrays, spec: GPUSpec, tc_eff: float, m_stream: float = 
         plane = np.where(nhwc_bn, np.inf, plane)
         moved = ops.relayout_at_batch(1.0) > 0  # convolutions (their activation bytes)
         for j in np.flatnonzero((ops.layout != LAYOUT_NONE) & moved):
-            native = native_conv_layout(spec, ops.dtype[j], bool(ops.tensor_core[j]))
-            if ops.category[j] == "conv" and native != LAYOUT_NONE and ops.layout[j] != native:
-                backward = ops.names[j].endswith("_backward")
-                if not backward and native == LAYOUT_NHWC:  # Note [NCHW forward on cuDNN 9]
-                    continue
-                relayout[j] = 3.0 if backward else 2.0  # dy, x, dx; forward: x, y
+            if ops.category[j] == "conv":
+                relayout[j] = transposed_tensors(spec, ops.dtype[j], bool(ops.tensor_core[j]), int(ops.layout[j]),
+                                                 ops.names[j].endswith("_backward"))
     pointwise = ops.pointwise if ops.pointwise is not None else np.zeros(n, dtype=bool)
     lowered = np.array([lowered_conv(spec, d, c) for c, d in zip(ops.category, ops.dtype, strict=True)], dtype=bool)
     compute_param = np.array([compute_param_index(c, name, bool(pw) or bool(lw)) for c, name, pw, lw in

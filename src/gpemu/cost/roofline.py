@@ -12,8 +12,8 @@ import torch
 
 from gpemu.cost.model import (
     COMPUTE_PARAMS,
+    LAYOUT_NCHW,
     LAYOUT_NHWC,
-    LAYOUT_NONE,
     CostParams,
     bn_plane,
     column_bytes_per_flop,
@@ -27,12 +27,12 @@ from gpemu.cost.model import (
     lowered_conv,
     lowered_kernels_per_sample,
     mem_param,
-    native_conv_layout,
     peak_flops,
     plane_efficiency,
     staged_conv,
     streams,
     streams_physically,
+    transposed_tensors,
     uses_tensor_cores,
 )
 from gpemu.cost.registry import OpCost, io_bytes, op_cost
@@ -128,15 +128,13 @@ def cost_time_s(cost: OpCost, name: str, spec: GPUSpec, params: CostParams | Non
     if lowered and samples > 1:  # the per-sample loop's kernels: Note [bf16 convolutions before Ampere]
         total += (lowered_kernels_per_sample(name, pointwise) * samples - 1) * (latency + p["k0"])
     if cost.category == "conv" and cost.layout and cost.relayout_bytes:
-        native = native_conv_layout(spec, cost.dtype, cost.tensor_core)
-        foreign = native != LAYOUT_NONE and (cost.layout == "nhwc") != (native == LAYOUT_NHWC)
-        if foreign and not backward and native == LAYOUT_NHWC:  # Note [NCHW forward on cuDNN 9] in model.py
-            foreign = False
-        if foreign:  # transposes x, y (dy, x, dx)
+        layout = LAYOUT_NHWC if cost.layout == "nhwc" else LAYOUT_NCHW
+        moved = transposed_tensors(spec, cost.dtype, cost.tensor_core, layout, backward)  # Note [Layout cost]
+        if moved:
             bw_copy = spec.load_memory_bw_gbps * 1e9 * f["b"]
             if streams_physically(spec, cost.dtype, params.m_stream):  # Note [16-bit streaming]
                 bw_copy, m_copy = spec.load_memory_bw_gbps * 1e9, params.m_stream
-            total += 2 * cost.relayout_bytes / (bw_copy * m_copy) + (3 if backward else 2) * (latency + p["k0"])
+            total += 2 * cost.relayout_bytes / (bw_copy * m_copy) + moved * (latency + p["k0"])
     return total
 
 

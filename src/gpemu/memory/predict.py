@@ -126,6 +126,18 @@ def _module_tags(model: nn.Module, tracker: MemoryTracker, phase: str) -> Iterat
             h.remove()
 
 
+def _charge_model_and_batch(model: nn.Module, batch: tuple[torch.Tensor, ...], allocator: CachingAllocator,
+                            cublas_workspace: int) -> tuple[MemoryTracker, int, int]:
+    """Charge a meta model's parameters and buffers, then its input batch (model.cuda(), then the batch copy); return
+    the tracker, the model's bytes and the batch's bytes."""
+    tracker = MemoryTracker(allocator, cublas_workspace_bytes=cublas_workspace)
+    tracker.track(list(model.parameters()), tag="parameters")
+    tracker.track(list(model.buffers()), tag="buffers")
+    parameter_bytes = allocator.memory_allocated()
+    tracker.track(list(batch), tag="input batch")
+    return tracker, parameter_bytes, allocator.memory_allocated() - parameter_bytes
+
+
 def simulate_training(
     model: nn.Module,
     batch: tuple[torch.Tensor, ...],
@@ -145,13 +157,8 @@ def simulate_training(
     Dropout and attention run the fused CUDA kernels a GPU of `compute_capability` would (1-byte dropout masks; flash
     or memory-efficient attention without a stored score matrix).
     """
-    tracker = MemoryTracker(allocator, cublas_workspace_bytes=cublas_workspace)
+    tracker, parameter_bytes, batch_bytes = _charge_model_and_batch(model, batch, allocator, cublas_workspace)
     params = list(model.parameters())
-    tracker.track(params, tag="parameters")
-    tracker.track(list(model.buffers()), tag="buffers")
-    parameter_bytes = allocator.memory_allocated()
-    tracker.track(list(batch), tag="input batch")
-    batch_bytes = allocator.memory_allocated() - parameter_bytes
     loss_fn = loss_fn or nn.CrossEntropyLoss()
     optimizer = torch.optim.SGD(params, lr=0.1, momentum=0.9, foreach=False)
     *inputs, target = batch
@@ -200,12 +207,7 @@ def simulate_inference(
 ) -> StepMemory:
     """Run `iterations` inference forwards (eval mode, no_grad) of a meta-device model, charging memory to `allocator`
     (Note [Inference memory]); the batch's last tensor (the target) is charged but not used."""
-    tracker = MemoryTracker(allocator, cublas_workspace_bytes=cublas_workspace)
-    tracker.track(list(model.parameters()), tag="parameters")
-    tracker.track(list(model.buffers()), tag="buffers")
-    parameter_bytes = allocator.memory_allocated()
-    tracker.track(list(batch), tag="input batch")
-    batch_bytes = allocator.memory_allocated() - parameter_bytes
+    tracker, parameter_bytes, batch_bytes = _charge_model_and_batch(model, batch, allocator, cublas_workspace)
     *inputs, _target = batch
     model.eval()
     peak = 0
