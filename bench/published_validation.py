@@ -427,8 +427,8 @@ def write_expected_error(rows: Sequence[dict[str, object]], layers: Sequence[dic
                  "grid, and BERT-base/large SQuAD fine-tuning steps (TF32 / fp16, Volta to Hopper; Lambda's "
                  "deeplearning-benchmark) (bench/published_validation.py)",
         "step": _figures([*(float(r["error_pct"]) for r in layers), *tc_squad])}  # type: ignore[arg-type]
-    table["published_by_gpu"] = {  # See Note [Published bias per GPU]
-        kind: _by_gpu(kind_rows) for kind, kind_rows in (("vision", rows), ("lm", [*squad, *layers]))}
+    table["published_by_gpu"] = {**table.get("published_by_gpu", {}), **{  # See Note [Published bias per GPU]
+        kind: _by_gpu(kind_rows) for kind, kind_rows in (("vision", rows), ("lm", [*squad, *layers]))}}
     table["fitted_sha256"] = fitted_sha256()
     table["published_note"] = f"bench/published_validation.py --write, {time.strftime('%Y-%m-%d')}"
     path.write_text(json.dumps(table, indent=1) + "\n")

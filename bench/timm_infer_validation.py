@@ -73,13 +73,15 @@ def _ratio_errors(by: dict[tuple[str, str], dict[str, object]], models: list[str
     return errs
 
 
-def _write_expected_error(errors_pct: list[float]) -> None:
-    """Store the absolute errors as expected_error.json's "published-inference" path (Note [Expected error])."""
+def _write_expected_error(rows: list[dict[str, object]]) -> None:
+    """Store the rows' absolute errors as expected_error.json's "published-inference" path (Note [Expected error])
+    and their signed median per GPU as its "vision-inference" published bias (Note [Published bias per GPU])."""
     import numpy as np
 
     from gpemu.cost.expected_error import EXPECTED_ERROR_PATH
 
     table = json.loads(EXPECTED_ERROR_PATH.read_text())
+    errors_pct = [float(r["error_pct"]) for r in rows]  # type: ignore[arg-type]
     absolute = np.abs(np.asarray(errors_pct))
     table["paths"]["published-inference"] = {
         "basis": f"timm's published inference throughputs (AMP, eval, no_grad, NCHW and channels_last, PyTorch "
@@ -88,6 +90,18 @@ def _write_expected_error(errors_pct: list[float]) -> None:
                  f"{time.strftime('%Y-%m-%d')})",
         "inference": {"median_abs_pct": round(float(np.median(absolute)), 2),
                       "p90_abs_pct": round(float(np.percentile(absolute, 90)), 2), "rows": len(errors_pct)}}
+    # per GPU, the rows of a current PyTorch (2.x), both layouts: what `gpemu predict --mode infer` shows beside a
+    # figure for that GPU (Note [Published bias per GPU])
+    by_gpu: dict[str, list[float]] = {}
+    for r in rows:
+        if "-pt1" not in str(r["file"]):
+            by_gpu.setdefault(str(r["gpu"]), []).append(float(r["error_pct"]))  # type: ignore[arg-type]
+    table.setdefault("published_by_gpu", {})["vision-inference"] = {
+        gpu: {"rows": len(e), "signed_median_pct": round(float(np.median(e)), 2),
+              "median_abs_pct": round(float(np.median(np.abs(e))), 2),
+              "basis": f"timm's published AMP inference rows, PyTorch 2.4 / 2.9 (bench/timm_infer_validation.py, "
+                       f"{time.strftime('%Y-%m-%d')})"}
+        for gpu, e in sorted(by_gpu.items())}
     EXPECTED_ERROR_PATH.write_text(json.dumps(table, indent=1) + "\n")
     print(f"wrote {EXPECTED_ERROR_PATH}")
 
@@ -125,7 +139,7 @@ def main() -> None:
                     "published_samples_per_s": published, "predicted_samples_per_s": predicted,
                     "error_pct": 100 * (predicted / published - 1), "source": SOURCES[file_key]})
     if args.write:
-        _write_expected_error([float(r["error_pct"]) for r in out])  # type: ignore[arg-type]
+        _write_expected_error(out)
     if args.json:
         print(json.dumps(out, indent=1))
         return

@@ -69,3 +69,13 @@ def test_inference_figures_have_their_own_expected_error() -> None:
     assert infer is not None and train is not None
     assert "inference" in infer.basis and infer.rows >= 100
     assert infer.basis != train.basis
+
+
+def test_inference_shows_the_inference_rows_bias_of_its_gpu() -> None:
+    # Note [Published bias per GPU]: an RTX 4090 inference forward is compared with timm's inference rows of that
+    # board; a GPU without such rows (an A100) falls back to the training rows of its kind
+    infer = predict_step("rtx4090", "resnet18", 64, "amp", mode="infer")["published_bias"]
+    train = predict_step("rtx4090", "resnet18", 64, "amp")["published_bias"]
+    assert infer["model_kind"] == "vision-inference" and infer["rows"] >= 38 and "inference" in infer["basis"]
+    assert train["model_kind"] == "vision"
+    assert predict_step("a100", "resnet18", 64, "amp", mode="infer")["published_bias"]["model_kind"] == "vision"

@@ -96,6 +96,9 @@ def expected_error(path: str, kind: str, phase: str, dtype: str = "fp32", model_
         figures, basis = entry["forward"], f"{basis}; training-mode forward rows (no measured inference row)"
     if not figures:
         return None
+    if key == "published-inference":  # its basis names its bench and date (bench/timm_infer_validation.py)
+        return ExpectedError(float(figures["median_abs_pct"]), float(figures["p90_abs_pct"]), int(figures["rows"]),
+                             basis)
     note = table.get("published_note" if key and key.startswith("published") else "note", "expected_error.json")
     return ExpectedError(float(figures["median_abs_pct"]), float(figures["p90_abs_pct"]), int(figures["rows"]),
                          f"{basis} ({note})")
@@ -127,14 +130,15 @@ class PublishedBias:
 
 
 def published_bias(gpu_key: str, model_kind: str = "vision") -> PublishedBias | None:
-    """Return the published rows' verdict on one catalog GPU for one kind of model ("vision" or "lm"; Note
-    [Published bias per GPU]), or None."""
+    """Return the published rows' verdict on one catalog GPU for one kind of model ("vision", "lm", or
+    "vision-inference" for inference forwards; Note [Published bias per GPU]), or None."""
     table = load_table()
     entry = table.get("published_by_gpu", {}).get(model_kind, {}).get(gpu_key)
     if not entry:
         return None
     return PublishedBias(gpu_key, model_kind, int(entry["rows"]), float(entry["signed_median_pct"]),
-                         float(entry["median_abs_pct"]), str(table.get("published_note", "expected_error.json")))
+                         float(entry["median_abs_pct"]),
+                         str(entry.get("basis") or table.get("published_note", "expected_error.json")))
 
 
 def seen_models() -> frozenset[str]:

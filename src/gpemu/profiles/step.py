@@ -205,7 +205,7 @@ def predict_step(
         "phases": {name: _json_phase(est, phase_expected_error(est, model, name, dtype) if name != "h2d" else None)
                    for name, est in phases.items()},
         "memory": memory,
-        "published_bias": _published_bias(spec.key, workload_kind(model)),
+        "published_bias": _published_bias(spec.key, workload_kind(model), mode),
     }
 
 
@@ -218,12 +218,13 @@ def _seq_len_or_none(model: str) -> int | None:
     return seq_len(model)
 
 
-def _published_bias(gpu_key: str, model_kind: str) -> dict[str, object] | None:
+def _published_bias(gpu_key: str, model_kind: str, mode: str = "train") -> dict[str, object] | None:
     """Return the published rows' signed median error on this GPU for this kind of model (Note [Published bias per
-    GPU]), or None."""
+    GPU]; an inference forward of an image model: the inference rows where that GPU has some), or None."""
     try:
         from gpemu.cost.expected_error import published_bias
     except ImportError:  # pragma: no cover - cost package not installed
         return None
-    bias = published_bias(gpu_key, model_kind)
+    bias = published_bias(gpu_key, "vision-inference") if mode == "infer" and model_kind == "vision" else None
+    bias = bias or published_bias(gpu_key, model_kind)
     return None if bias is None else bias.to_json()
