@@ -197,6 +197,35 @@ def test_an_evaluation_forward_takes_the_training_forwards_scale(tmp_path: Path,
         gt.uninstall()
 
 
+def test_an_evaluation_only_run_takes_the_inference_prediction(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    # Note [Evaluation passes]: no training forward ever runs (an inference script). The first evaluation pass is
+    # priced per op; from the second on, the pass is scaled to predict_phase(..., "inference") (Note [Inference
+    # forward]) by the first pass's per-op sum, so its GPU work is that prediction
+    from gpemu.cost.predict import predict_phase
+
+    monkeypatch.setenv("GPEMU_PROFILE_DIR", str(tmp_path))  # no measured rows
+    emu = gt.install("h100", replay=False)
+    try:
+        model = torchvision.models.resnet18().cuda().eval()
+        stats = emu.devices[0].stats
+        images = torch.randn(4, 3, 224, 224, device="cuda")
+        passes = []
+        for _ in range(3):
+            torch.cuda.synchronize()
+            before = stats.work_s["kernel"]
+            with torch.no_grad():
+                model(images)
+            torch.cuda.synchronize()
+            passes.append(stats.work_s["kernel"] - before)
+        target = emu.phases._targets[("resnet18", 4, "fp32", "nchw", "inference")]
+    finally:
+        gt.uninstall()
+    assert target == pytest.approx(predict_phase("h100", "resnet18", "inference", 4).value)
+    assert passes[1] == pytest.approx(target, rel=1e-6) and passes[2] == pytest.approx(target, rel=1e-6)
+    assert passes[0] != pytest.approx(target, rel=1e-3)  # the first pass: per-op prices, unscaled
+
+
 def test_the_report_names_the_expected_error_of_a_phase_prediction(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     from gpemu.cost.expected_error import load_table

@@ -92,7 +92,7 @@ def default_lookup(gpu_key: str, workload: str, phase: str, batch_size: int, dty
 def predicted_phase(gpu_key: str, workload: str, phase: str, batch_size: int, dtype: str,
                     memory_format: str = "nchw") -> tuple[float, str] | None:
     """Return (seconds, path) of gpemu.cost.predict_phase for one phase, or None (see Note [Phase predictions])."""
-    if os.environ.get("GPEMU_PHASE_PREDICT", "1") == "0" or phase not in ("forward", "backward"):
+    if os.environ.get("GPEMU_PHASE_PREDICT", "1") == "0" or phase not in ("forward", "backward", "inference"):
         return None
     try:
         from gpemu.cost.predict import predict_phase
@@ -282,7 +282,8 @@ class PhaseTracker:
         self.frozen = False  # the top module has parameters that do not require grad (Note [Frozen parameters])
         self.key: tuple[str, int, str, str] | None = None  # (workload, batch size, dtype, memory format) of a step
         self.fp32_modes = (False, True)  # torch's TF32 flags at the last top-module call: Note [FP32 math modes]
-        self.sums: dict[str, float] = {"forward": 0.0, "backward": 0.0}
+        self.sums: dict[str, float] = {"forward": 0.0, "backward": 0.0, "eval": 0.0}
+        self.eval_key: tuple[str, int, str, str] | None = None  # the open evaluation pass's step key
         self.prev: dict[tuple[str, int, str, str, str], float] = {}
         # Note [Accumulation steps]: per-op sums of backward phases that ran a backward pass and no optimizer step;
         # whether the open backward phase ran a backward pass, stepped, and is scaled from such a sum
@@ -361,8 +362,10 @@ class PhaseTracker:
                 self.backward_ran = True  # See Note [Accumulation steps]
             if self.scale is not None:
                 return predicted_s * self.scale, self.args
-        elif phase == "eval" and self.scale is not None:  # Note [Evaluation passes]
-            return predicted_s * self.scale, self.args
+        elif phase == "eval":  # Note [Evaluation passes]
+            self.sums["eval"] += predicted_s
+            if self.scale is not None:
+                return predicted_s * self.scale, self.args
         return predicted_s, _PREDICTED_ARGS
 
     # -- hooks
@@ -401,7 +404,9 @@ class PhaseTracker:
         if not torch.is_grad_enabled():
             self.phase = "eval"
             self.key = None
-            self._eval_scale(self._step_key(module, batch))
+            self.eval_key = self._step_key(module, batch)
+            self.sums["eval"] = 0.0
+            self._eval_scale(self.eval_key)
             return
         self.key = self._step_key(module, batch)
         if self.key is not None:  # See Note [Frozen parameters]
@@ -440,7 +445,9 @@ class PhaseTracker:
         # phase prediction takes that forward's scale: the ratio says what the per-op kernels leave out on this GPU
         # (host dispatch, the phase's fixed cost, the cost model's error for this model) and the evaluation runs
         # the same layers (batch norm on running statistics, no dropout: the per-op prices already say so). With
-        # no such training forward first (another batch size, or evaluation only) it stays on per-op predictions.
+        # no such training forward first (another batch size, or evaluation only), the pass is scaled to the
+        # inference phase prediction (Note [Inference forward] in workloads/optrace.py) by its first pass's per-op
+        # sum, as a training phase is by its previous step's; that first pass, and compiled ones, stay per op.
         self.scale = None
         self.args = _PREDICTED_ARGS
         if key is None:
@@ -450,12 +457,18 @@ class PhaseTracker:
         if target is not None and self.compiled_step:  # See Note [Compiled regions] in fusion.py
             fraction = self.fused_fraction.get(full)
             target = None if fraction is None else target * fraction
+        scaled_as = "training forward"
+        if not (target is not None and prev) and not self.compiled_step:
+            # no training forward of this key: the inference phase prediction, from the second pass on (the
+            # first one's per-op sum is what it scales)
+            full = (*key, "inference")
+            target, prev, scaled_as = self._target(full), self.prev.get(full), "inference"
         if target is not None and prev:
             self.scale = target / prev
             basis = self.basis.get(full, "measured")
             self.args = {"timing": "calibrated" if basis == "measured" else "phase-predicted", "phase": "eval",
                          "scale": round(self.scale, 6), "profile_s": target, "workload": key[0], "basis": basis,
-                         "scaled_as": "training forward"}
+                         "scaled_as": scaled_as}
 
     def _enter_region(self, module: torch.nn.Module) -> None:
         """Open the forward of a compiled submodule of an uncompiled top module (regional compilation)."""
@@ -514,6 +527,9 @@ class PhaseTracker:
                          "scale": round(self.scale, 6), "profile_s": target, "workload": self.key[0], "basis": basis}
 
     def _close_phase(self) -> None:
+        if self.phase == "eval" and self.eval_key is not None and self.sums["eval"] > 0:  # Note [Evaluation passes]
+            self.prev[(*self.eval_key, "inference")] = self.sums["eval"]
+            self.eval_key = None
         if self.key is not None and self.phase in ("forward", "backward") and self.sums[self.phase] > 0:
             self.prev[(*self.key, self.phase)] = self.sums[self.phase]
             if self.compiled_step and not self.replayed:  # See Note [Compiled regions] in fusion.py
