@@ -79,3 +79,12 @@ def test_inference_shows_the_inference_rows_bias_of_its_gpu() -> None:
     assert infer["model_kind"] == "vision-inference" and infer["rows"] >= 38 and "inference" in infer["basis"]
     assert train["model_kind"] == "vision"
     assert predict_step("a100", "resnet18", 64, "amp", mode="infer")["published_bias"]["model_kind"] == "vision"
+
+
+def test_bf16_without_bf16_tensor_cores_claims_no_validation() -> None:
+    # a V100 has no bf16 math: its bf16 steps run CUDA-core paths (Note [bf16 convolutions before Ampere]) that no
+    # published row validates, so no expected error is shown; an A100's bf16 step shows the tensor-core rows' figure
+    v100 = predict_step("v100-sxm2-32gb", "resnet18", 32, "amp_bf16")["phases"]["forward"]
+    a100 = predict_step("a100", "resnet18", 32, "amp_bf16")["phases"]["forward"]
+    assert v100.get("expected_error") is None
+    assert a100["expected_error"]["rows"] > 0

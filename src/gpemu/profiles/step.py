@@ -150,11 +150,13 @@ def _json_phase(est: Estimate, trust: Any = None) -> dict[str, Any]:
     return out
 
 
-def phase_expected_error(est: Estimate, model: str, phase: str, dtype: str) -> Any:
+def phase_expected_error(est: Estimate, model: str, phase: str, dtype: str, spec: GPUSpec | None = None) -> Any:
     """Return the ExpectedError of the path behind a forward/backward estimate, or None (measured, missing, or no
     validation of that path). See Note [Expected error] in gpemu.cost.expected_error."""
     if not est.ok:
         return None
+    if spec is not None and dtype in ("bf16", "amp_bf16") and not spec.peak_tflops.get("bf16", 0.0):
+        return None  # bf16 without bf16 tensor cores (V100, T4): CUDA-core paths no published row has validated
     try:
         from gpemu.cost.expected_error import expected_error, seen_models
     except ImportError:  # pragma: no cover - cost package not installed
@@ -202,7 +204,7 @@ def predict_step(
         "memory_format": memory_format,
         "mode": mode,
         "seq_len": _seq_len_or_none(model),
-        "phases": {name: _json_phase(est, phase_expected_error(est, model, name, dtype) if name != "h2d" else None)
+        "phases": {name: _json_phase(est, phase_expected_error(est, model, name, dtype, spec) if name != "h2d" else None)
                    for name, est in phases.items()},
         "memory": memory,
         "published_bias": _published_bias(spec.key, workload_kind(model), mode),
