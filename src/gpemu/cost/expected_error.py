@@ -96,12 +96,10 @@ def expected_error(path: str, kind: str, phase: str, dtype: str = "fp32", model_
         figures, basis = entry["forward"], f"{basis}; training-mode forward rows (no measured inference row)"
     if not figures:
         return None
-    if key == "published-inference":  # its basis names its bench and date (bench/timm_infer_validation.py)
-        return ExpectedError(float(figures["median_abs_pct"]), float(figures["p90_abs_pct"]), int(figures["rows"]),
-                             basis)
-    note = table.get("published_note" if key and key.startswith("published") else "note", "expected_error.json")
-    return ExpectedError(float(figures["median_abs_pct"]), float(figures["p90_abs_pct"]), int(figures["rows"]),
-                         f"{basis} ({note})")
+    if key != "published-inference":  # that basis names its own bench and date (bench/timm_infer_validation.py)
+        note = table.get("published_note" if key and key.startswith("published") else "note", "expected_error.json")
+        basis = f"{basis} ({note})"
+    return ExpectedError(float(figures["median_abs_pct"]), float(figures["p90_abs_pct"]), int(figures["rows"]), basis)
 
 
 # Note [Published bias per GPU]: the published rows also say how gpemu leans on one GPU. On the GDDR boards (RTX

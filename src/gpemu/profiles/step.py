@@ -114,12 +114,14 @@ def memory_estimate(spec: GPUSpec, model: str, batch_size: int, dtype: str, db: 
                     mode: str = "train") -> dict[str, Any] | None:
     """Return {peak_mib, persistent_mib, source, provenance} from profile rows (training only), else gpemu.memory,
     else None."""
-    peak = db.lookup(spec, model, "mem_peak", batch_size, dtype)
-    persistent = db.lookup(spec, model, "mem_persistent", batch_size, dtype)
-    if peak.ok and persistent.ok and mode == "train":
-        kinds = [peak.kind, persistent.kind]
-        worst = max(kinds, key=["measured", "interpolated", "extrapolated"].index)
-        return {"peak_mib": peak.value, "persistent_mib": persistent.value, "source": worst, "provenance": peak.source}
+    if mode == "train":  # profiles measure training steps
+        peak = db.lookup(spec, model, "mem_peak", batch_size, dtype)
+        persistent = db.lookup(spec, model, "mem_persistent", batch_size, dtype)
+        if peak.ok and persistent.ok:
+            kinds = [peak.kind, persistent.kind]
+            worst = max(kinds, key=["measured", "interpolated", "extrapolated"].index)
+            return {"peak_mib": peak.value, "persistent_mib": persistent.value, "source": worst,
+                    "provenance": peak.source}
     try:
         from gpemu.memory import predict_memory  # type: ignore[attr-defined]
     except ImportError:
