@@ -123,3 +123,18 @@ def test_predict_shows_what_the_published_rows_say_about_the_gpu(monkeypatch: py
     line = " ".join(result.stdout.split())  # rich wraps long lines
     assert (f"published real-GPU image-model throughputs on rtx4090: 2 rows, gpemu "
             f"{abs(entry['signed_median_pct']):.0f}% {lean} than published") in line
+
+
+def test_language_model_training_shows_the_llm_pretraining_rows_of_its_gpu() -> None:
+    # Note [Published bias per GPU]: a language model's training step on a GPU with MosaicML's MPT rows
+    # (bench/llm_foundry_validation.py --write: 13 H100 rows at 512-4096 tokens without checkpointing) is compared
+    # with those; a GPU without them (RTX 3090) falls back to the SQuAD / layer rows of kind "lm"; inference to "lm"
+    from gpemu.profiles.step import predict_step
+
+    entry = load_table()["published_by_gpu"]["lm-pretrain"]["h100-sxm5-80gb"]
+    assert entry["rows"] == 13 and "MPT" in entry["basis"]
+    h100 = predict_step("h100", "gpt2@1024", 8, "amp_bf16")["published_bias"]
+    assert h100["model_kind"] == "lm-pretrain" and h100["signed_median_pct"] == entry["signed_median_pct"]
+    assert predict_step("rtx3090", "gpt2@1024", 8, "amp_bf16")["published_bias"]["model_kind"] == "lm"
+    assert predict_step("h100", "gpt2@1024", 8, "amp_bf16", mode="infer")["published_bias"]["model_kind"] == "lm"
+    assert predict_step("h100", "resnet18", 8, "amp")["published_bias"]["model_kind"] == "vision"

@@ -197,8 +197,8 @@ def predict(
     bias = out.get("published_bias")
     if bias and any(ph["source"] != "measured" for ph in out["phases"].values()):  # Note [Published bias per GPU]
         lean = "faster" if bias["signed_median_pct"] > 0 else "slower"
-        kind = {"vision": "image-model", "vision-inference": "image-model inference"}.get(bias["model_kind"],
-                                                                                         "language-model")
+        kind = {"vision": "image-model", "vision-inference": "image-model inference",
+                "lm-pretrain": "LLM-pretraining"}.get(bias["model_kind"], "language-model")
         console.print(f"published real-GPU {kind} throughputs on {bias['gpu']}: {bias['rows']} rows, gpemu "
                       f"{abs(bias['signed_median_pct']):.0f}% {lean} than published (signed median; median |error| "
                       f"{bias['median_abs_pct']:.0f}%); shown, not corrected ({bias['basis']})", highlight=False)

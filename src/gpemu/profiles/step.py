@@ -224,11 +224,13 @@ def _seq_len_or_none(model: str) -> int | None:
 
 def _published_bias(gpu_key: str, model_kind: str, mode: str = "train") -> dict[str, object] | None:
     """Return the published rows' signed median error on this GPU for this kind of model (Note [Published bias per
-    GPU]; an inference forward of an image model: the inference rows where that GPU has some), or None."""
+    GPU]; an inference forward of an image model: the inference rows, a language model's training step: the LLM
+    pretraining rows, where that GPU has some), or None."""
     try:
         from gpemu.cost.expected_error import published_bias
     except ImportError:  # pragma: no cover - cost package not installed
         return None
-    bias = published_bias(gpu_key, "vision-inference") if mode == "infer" and model_kind == "vision" else None
+    specific = {("infer", "vision"): "vision-inference", ("train", "lm"): "lm-pretrain"}.get((mode, model_kind))
+    bias = published_bias(gpu_key, specific) if specific else None
     bias = bias or published_bias(gpu_key, model_kind)
     return None if bias is None else bias.to_json()
