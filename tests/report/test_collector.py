@@ -232,6 +232,15 @@ def test_compute_time_is_split_by_where_it_came_from() -> None:
     assert timing_line(report["timing"]).startswith("GPU time: 60% calibrated to measured profiles "
                                                     "(resnet50/32/fp32/forward 30.0 ms)")
     assert "all predicted per op" in timing_line({"compute_s_by_source": {"predicted": 1.0}, "calibrated_pct": 0.0})
+    # Note [Published bias per GPU]: how the published rows of the GPU lean follows predicted time, never a run
+    # calibrated to measured profiles throughout
+    lean = [{"gpu": "h100-sxm5-80gb", "model_kind": "lm-pretrain", "rows": 13, "signed_median_pct": 21.05,
+             "median_abs_pct": 21.05, "basis": "b"}]
+    line = timing_line({"compute_s_by_source": {"predicted": 1.0}, "calibrated_pct": 0.0, "published_bias": lean})
+    assert line.endswith("Published real-GPU throughputs on h100-sxm5-80gb (signed medians, not corrected): LLM "
+                         "pretraining gpemu 21% faster (13 rows); docs/cost-model.md")
+    assert "Published" not in timing_line({"compute_s_by_source": {"calibrated": 1.0}, "calibrated_pct": 100.0,
+                                           "published_bias": lean})
 
 
 def test_evaluation_iterations_are_summarised_apart() -> None:

@@ -249,6 +249,11 @@ def test_the_report_names_the_expected_error_of_a_phase_prediction(tmp_path: Pat
     line = timing_line({"compute_s_by_source": {"phase-predicted": 1.0}, "calibrated_pct": 0.0, **sources})
     assert f"resnet18/2/fp32/forward {sources['phase_predictions']['resnet18/2/fp32/forward'][0] * 1e3:.1f} ms " \
            f"spec-model, expected |error| {short}" in line
+    # Note [Published bias per GPU]: the run's GPU's published lean, per kind of model, ends the line
+    pretrain = load_table()["published_by_gpu"]["lm-pretrain"]["h100-sxm5-80gb"]  # MosaicML's 13 MPT rows
+    assert [b["model_kind"] for b in sources["published_bias"]] == ["vision", "lm", "lm-pretrain"]
+    assert (f"LLM pretraining gpemu {abs(pretrain['signed_median_pct']):.0f}% faster ({pretrain['rows']} rows)"
+            in line)
 
 
 def test_a_frozen_backbone_keeps_the_forward_prediction_and_a_per_op_backward(tmp_path: Path,

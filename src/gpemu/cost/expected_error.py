@@ -107,8 +107,10 @@ def expected_error(path: str, kind: str, phase: str, dtype: str = "fp32", model_
 # (docs/cost-model.md, session 9), a bias the path-wide figures above average away. `published_validation.py
 # --write` stores, per kind of model ("vision": whole image models; "lm": SQuAD steps and transformer layers) and
 # catalog GPU, "published_by_gpu": row count, signed median error (+ = gpemu faster than published) and median
-# |error|; `gpemu predict` prints the entry of the model's kind beside a predicted figure for that GPU. Shown, not
-# applied: correcting by it would fit the validation to itself.
+# |error|; `gpemu predict` prints the entry of the model's kind beside a predicted figure for that GPU (an LLM's
+# training step: "lm-pretrain", MosaicML's MPT rows from bench/llm_foundry_validation.py, where the GPU has them), and
+# a drop-in run's report ends its timing line with every kind's entry for the emulated GPU unless all its GPU time
+# was calibrated to measured profiles. Shown, not applied: correcting by it would fit the validation to itself.
 @dataclass(frozen=True)
 class PublishedBias:
     """How gpemu's predictions compared with the published real-GPU throughputs of one GPU."""
@@ -128,8 +130,8 @@ class PublishedBias:
 
 
 def published_bias(gpu_key: str, model_kind: str = "vision") -> PublishedBias | None:
-    """Return the published rows' verdict on one catalog GPU for one kind of model ("vision", "lm", or
-    "vision-inference" for inference forwards; Note [Published bias per GPU]), or None."""
+    """Return the published rows' verdict on one catalog GPU for one kind of model ("vision", "lm", "lm-pretrain" for
+    LLM pretraining steps, or "vision-inference" for inference forwards; Note [Published bias per GPU]), or None."""
     table = load_table()
     entry = table.get("published_by_gpu", {}).get(model_kind, {}).get(gpu_key)
     if not entry:
@@ -137,6 +139,15 @@ def published_bias(gpu_key: str, model_kind: str = "vision") -> PublishedBias | 
     return PublishedBias(gpu_key, model_kind, int(entry["rows"]), float(entry["signed_median_pct"]),
                          float(entry["median_abs_pct"]),
                          str(entry.get("basis") or table.get("published_note", "expected_error.json")))
+
+
+PUBLISHED_KIND_LABELS = {"vision": "image-model training", "vision-inference": "image-model inference",
+                         "lm": "language-model fine-tuning and layers", "lm-pretrain": "LLM pretraining"}
+
+
+def published_biases(gpu_key: str) -> list[PublishedBias]:
+    """Return every kind of model's published verdict on one catalog GPU, in PUBLISHED_KIND_LABELS order."""
+    return [b for kind in PUBLISHED_KIND_LABELS if (b := published_bias(gpu_key, kind)) is not None]
 
 
 def seen_models() -> frozenset[str]:

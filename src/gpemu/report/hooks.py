@@ -332,6 +332,10 @@ def _timing_sources() -> dict[str, Any]:
         how = ("its own fitted efficiency factors" if source == spec.key else
                f"efficiency factors borrowed from {source}" if source else "unfitted efficiency factors")
         out["cost_model"] = f"the cost model ({spec.key} spec, {how}; docs/cost-model.md)"
+    with contextlib.suppress(Exception):  # See Note [Published bias per GPU] in gpemu/cost/expected_error.py
+        from gpemu.cost.expected_error import published_biases
+
+        out["published_bias"] = [b.to_json() for b in published_biases(emulation.devices[0].spec.key)]
     return out
 
 

@@ -296,8 +296,26 @@ def timing_line(timing: dict[str, Any]) -> str:
     compiled = timing.get("compiled") or []
     fused = (f"; torch.compile'd {', '.join(compiled)}: pointwise/norm/reduction chains priced as fused kernels "
              "(Note [Compiled regions])") if compiled else ""
+    lean = _published_lean(timing) if pct < 100.0 else ""
     if not parts:
-        return f"GPU time: all predicted per op by {model} (no measured profile or phase prediction matched){fused}"
+        return (f"GPU time: all predicted per op by {model} (no measured profile or phase prediction matched){fused}"
+                f"{lean}")
     if compiled:  # See Note [Compiled regions]: a compiled phase is not scaled to the eager target itself
         fused += ", its phases at the eager targets above times the fused / unfused per-op time"
-    return f"GPU time: {'; '.join(parts)}; the rest predicted per op by {model}{fused}"
+    return f"GPU time: {'; '.join(parts)}; the rest predicted per op by {model}{fused}{lean}"
+
+
+def _published_lean(timing: dict[str, Any]) -> str:
+    """Return '. Published real-GPU throughputs on <gpu>: ...' for the run's GPU (Note [Published bias per GPU] in
+    gpemu/cost/expected_error.py): how far gpemu's predictions were off there, per kind of model; shown, not
+    applied."""
+    biases = timing.get("published_bias") or []
+    if not biases:
+        return ""
+    from gpemu.cost.expected_error import PUBLISHED_KIND_LABELS
+
+    kinds = ", ".join(f"{PUBLISHED_KIND_LABELS.get(b['model_kind'], b['model_kind'])} gpemu "
+                      f"{abs(b['signed_median_pct']):.0f}% {'faster' if b['signed_median_pct'] > 0 else 'slower'} "
+                      f"({b['rows']} rows)" for b in biases)
+    return (f". Published real-GPU throughputs on {biases[0]['gpu']} (signed medians, not corrected): {kinds}; "
+            "docs/cost-model.md")
