@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/gpemu demo --iters 20
+	$(BIN)/gpemu demo --iters 20 --plot out/demo-iterations.png
 
 test: $(STAMP)
 	$(BIN)/ruff check src tests bench examples

@@ -149,3 +149,14 @@ def test_a_script_killed_by_a_zero_read_gets_the_float_value_hint(tmp_path) -> N
     proc = _gpemu("run", "--gpu", "a100", "--", sys.executable, str(script))
     assert proc.returncode == 1 and "ZeroDivisionError" in proc.stderr  # mse reads back as 0.0 by default
     assert "GPEMU_FLOAT_VALUE=1" in proc.stderr
+
+
+def test_run_plot_draws_the_report_without_a_report_path(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Note [Iteration plot]: --plot alone keeps a temporary report for the plot
+    pytest.importorskip("matplotlib")
+    script = tmp_path / "train.py"
+    script.write_text(DROPIN_SCRIPT)
+    out = tmp_path / "iterations.png"
+    proc = _gpemu("run", "--gpu", "v100", "--plot", str(out), "--", "python", str(script))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert out.read_bytes()[:4] == b"\x89PNG" and "plot written to" in proc.stderr

@@ -33,9 +33,9 @@ def version() -> None:
 
 
 def _register() -> None:
-    from gpemu.cli import catalog_cmds, demo_cmd, profile_cmds, run_cmd
+    from gpemu.cli import catalog_cmds, demo_cmd, plot_cmd, profile_cmds, run_cmd
 
-    for module in (catalog_cmds, run_cmd, profile_cmds, demo_cmd):
+    for module in (catalog_cmds, run_cmd, profile_cmds, demo_cmd, plot_cmd):
         module.register(app)
 
 

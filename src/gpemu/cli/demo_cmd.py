@@ -94,9 +94,10 @@ def _transform() -> Any:
 
 def run_explicit(
     spec: GPUSpec, model: str, batch_size: int, workers: list[int], iters: int, data_dir: Path | None,
-    report_json: Path | None, quiet: bool = False,
+    report_json: Path | None, quiet: bool = False, reports: list[tuple[str, dict[str, Any]]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Run the explicit-API demo for each worker count; return one summary dict per worker count."""
+    """Run the explicit-API demo for each worker count; return one summary dict per worker count (and append each
+    whole report to `reports` when given)."""
     from torchvision.datasets import ImageFolder
 
     from gpemu.workloads.synthetic import make_jpeg_folder
@@ -115,7 +116,7 @@ def run_explicit(
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        _run_explicit_configs(spec, model, batch_size, workers, iters, dataset, report_json, quiet, results)
+        _run_explicit_configs(spec, model, batch_size, workers, iters, dataset, report_json, quiet, results, reports)
     finally:
         torch.set_num_threads(threads)
     return results
@@ -124,6 +125,7 @@ def run_explicit(
 def _run_explicit_configs(
     spec: GPUSpec, model: str, batch_size: int, workers: list[int], iters: int, dataset: Any,
     report_json: Path | None, quiet: bool, results: list[dict[str, Any]],
+    reports: list[tuple[str, dict[str, Any]]] | None = None,
 ) -> None:
     from torch.utils.data import DataLoader
 
@@ -158,6 +160,8 @@ def _run_explicit_configs(
             _print_iterations(w, report["iterations"], quiet)
             summary = report["summary"]
             results.append({"workers": w, **summary})
+            if reports is not None:
+                reports.append((f"{w} DataLoader workers", report))
             if report_json is not None:
                 write_json(report, report_json.with_name(f"{report_json.stem}-w{w}{report_json.suffix}"))
 
@@ -182,8 +186,10 @@ def _print_iterations(workers: int, rows: list[dict[str, Any]], quiet: bool) -> 
 
 def run_dropin(
     spec: GPUSpec, model: str, batch_size: int, workers: list[int], iters: int, data_dir: Path | None,
+    reports: list[tuple[str, dict[str, Any]]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Run examples/imagenet/main.py through `gpemu run` per worker count; return one summary dict each."""
+    """Run examples/imagenet/main.py through `gpemu run` per worker count; return one summary dict each (and append
+    each whole report to `reports` when given)."""
     from gpemu.workloads.synthetic import make_imagenet_folder
 
     if not IMAGENET_EXAMPLE.is_file():
@@ -212,7 +218,10 @@ def run_dropin(
             code = subprocess.call(cmd, env=env)
             if code != 0 or not out.is_file():
                 raise GpemuError(f"the drop-in run with {w} workers failed (exit code {code})")
-            results.append({"workers": w, **json.loads(out.read_text())["summary"]})
+            report = json.loads(out.read_text())
+            results.append({"workers": w, **report["summary"]})
+            if reports is not None:
+                reports.append((f"{w} DataLoader workers", report))
     return results
 
 
@@ -251,21 +260,30 @@ def demo(
     iters: int = typer.Option(12, "--iters", help="Iterations per worker count."),
     data_dir: Path = typer.Option(None, "--data-dir", help="Where to write the synthetic JPEGs (default: cache)."),
     report_json: Path = typer.Option(None, "--report-json", help="Write each run's report (explicit mode)."),
+    plot: Path = typer.Option(None, "--plot", help="Draw every worker count's iterations side by side into this "
+                              "image (.png/.svg/.pdf; needs matplotlib)."),
 ) -> None:
     """Show a real JPEG pipeline feeding an emulated GPU: per-iteration data wait / H2D / compute and fetch stall."""
     spec = get_gpu(gpu)
     if batch_size <= 0 or iters <= 0:
         raise GpemuError(f"--batch-size and --iters must be positive, got {batch_size} and {iters}")
     worker_counts = _parse_workers(workers) if workers else default_workers()
+    reports: list[tuple[str, dict[str, Any]]] = []
     if mode == "explicit":
-        results = run_explicit(spec, model, batch_size, worker_counts, iters, data_dir, report_json)
+        results = run_explicit(spec, model, batch_size, worker_counts, iters, data_dir, report_json, reports=reports)
     elif mode == "dropin":
-        results = run_dropin(spec, model, batch_size, worker_counts, iters, data_dir)
+        results = run_dropin(spec, model, batch_size, worker_counts, iters, data_dir, reports=reports)
     else:
         from gpemu.errors import UnknownNameError
 
         raise UnknownNameError("demo mode", mode, ["explicit", "dropin"])
     print_summary(results)
+    if plot is not None:
+        from gpemu.report.plot import plot_reports
+
+        written = plot_reports(reports, plot, f"gpemu demo: {spec.name}, {model}, batch {batch_size}, real JPEG "
+                                              "decoding in the DataLoader")
+        console.print(f"plot written to {written}")
 
 
 def register(app: typer.Typer) -> None:

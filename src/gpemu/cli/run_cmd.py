@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import typer
@@ -63,11 +65,17 @@ def run(
     memory_report: bool = typer.Option(
         False, "--memory-report", help="At exit, print peak, persistent memory and the top allocations by module."
     ),
+    plot: Path = typer.Option(None, "--plot", help="At exit, draw the run report's iterations into this image "
+                              "(.png/.svg/.pdf; needs matplotlib; `gpemu plot` compares several reports)."),
 ) -> None:
     """Run COMMAND (after --) with emulated GPUs: e.g. gpemu run --gpu a100 -- python train.py --epochs 1."""
     command = list(ctx.args)
     if not command:
         raise GpemuError("no command given: use e.g. `gpemu run --gpu v100 -- python train.py`")
+    tmp_report = None
+    if plot is not None and report_json is None:  # the plot is drawn from the report: keep one for it
+        tmp_report = Path(tempfile.mkdtemp(prefix="gpemu-run-")) / "report.json"
+        report_json = tmp_report
     env = build_env(gpu, count, model, trace, report_json, memory_limit)
     if memory_report:
         env["GPEMU_MEMORY_REPORT"] = "1"
@@ -81,7 +89,26 @@ def run(
         code = proc.wait()
     finally:
         signal.signal(signal.SIGINT, previous)
+    if plot is not None and report_json is not None:
+        _plot_after_run(report_json, plot, " ".join(command))
+        if tmp_report is not None:
+            shutil.rmtree(tmp_report.parent, ignore_errors=True)
     raise typer.Exit(code if code >= 0 else 128 - code)
+
+
+def _plot_after_run(report_json: Path, out: Path, command: str) -> None:
+    """Draw the run's report into `out`; a missing report or matplotlib is one line on stderr, never a failed run."""
+    from gpemu.report.plot import load_report, plot_reports
+
+    if not report_json.is_file():
+        print(f"gpemu: no run report at {report_json} to plot (the command ran no emulated GPU?)", file=sys.stderr)
+        return
+    try:
+        written = plot_reports([("run", load_report(report_json))], out, command[:100])
+    except GpemuError as exc:
+        print(f"gpemu: no plot: {exc}", file=sys.stderr)
+        return
+    print(f"gpemu: plot written to {written}", file=sys.stderr)
 
 
 def register(app: typer.Typer) -> None:
