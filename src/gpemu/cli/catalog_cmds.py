@@ -6,6 +6,7 @@ import json
 import math
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -145,6 +146,8 @@ def predict(
     mode: str = typer.Option("train", "--mode", help="train (one training step: forward, backward) or infer (one "
                                                      "inference forward: model.eval() under torch.no_grad())."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
+    plot: Path = typer.Option(None, "--plot", help="Also draw samples/s against the batch size (powers of two past "
+                              "the memory limit, and --batch-size) into this image (needs matplotlib)."),
 ) -> None:
     """Predict per-phase seconds of one training step (forward, backward, input H2D) or inference forward, where each
     came from and how far that path has been off on held-out real measurements."""
@@ -191,6 +194,10 @@ def predict(
             table.add_row(key, "-" if value is None else f"{value:.1f} MiB", mem["source"], "-",
                           mem.get("provenance", ""))
     console.print(table)
+    if mem is not None and mem.get("fits") is False:
+        console.print(f"[bold red]does not fit[/]: the predicted peak ({mem['peak_mib']:,.0f} MiB allocated, plus the "
+                      f"caching allocator's reserve and the CUDA context) exceeds {out['gpu']}'s memory; a real run "
+                      "would raise CUDA out of memory", highlight=False)
     for basis in bases:  # See Note [Expected error] in gpemu/cost/expected_error.py
         console.print(f"expected |error| = median (p90) absolute error of this path on held-out real measurements: "
                       f"{basis}", highlight=False)
@@ -202,6 +209,61 @@ def predict(
         console.print(f"published real-GPU {kind} throughputs on {bias['gpu']}: {bias['rows']} rows, gpemu "
                       f"{abs(bias['signed_median_pct']):.0f}% {lean} than published (signed median; median |error| "
                       f"{bias['median_abs_pct']:.0f}%); shown, not corrected ({bias['basis']})", highlight=False)
+    if plot is not None:
+        _plot_sweep(out, plot)
+
+
+SWEEP_MAX_BATCH = 4096
+
+
+def sweep_batches(asked: int, fits: Callable[[int], bool]) -> list[int]:
+    """Return the batch sizes of a predict sweep (Note [Batch sweep plot] in gpemu/report/plot.py): powers of two
+    from 1 up to twice the asked batch, on while the batch still fits in memory (to SWEEP_MAX_BATCH) and one past it,
+    and the asked batch."""
+    batches, b = [], 1
+    while b <= SWEEP_MAX_BATCH:
+        batches.append(b)
+        if b >= 2 * asked and not fits(b):
+            break
+        b *= 2
+    return sorted({*batches, asked})
+
+
+def _plot_sweep(out: dict[str, Any], path: Path) -> None:
+    """Draw `gpemu predict --plot`: the asked prediction and its batch sweep (Note [Batch sweep plot])."""
+    from gpemu.hardware import get_gpu
+    from gpemu.profiles import GpemuWarning
+    from gpemu.profiles.step import predict_step
+    from gpemu.report.plot import plot_batch_sweep, sweep_point
+
+    spec = get_gpu(out["gpu"])
+    device_mib = spec.memory_bytes / 2**20
+    cache: dict[int, dict[str, Any]] = {int(out["batch_size"]): out}
+
+    def predicted(b: int) -> dict[str, Any]:
+        if b not in cache:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", GpemuWarning)  # extrapolated rows are marked in the plot
+                cache[b] = predict_step(spec, out["model"], b, out["dtype"], memory_format=out["memory_format"],
+                                        mode=out["mode"])
+        return cache[b]
+
+    def fits(b: int) -> bool:
+        memory = predicted(b).get("memory") or {}
+        if memory.get("fits") is not None:
+            return bool(memory["fits"])
+        peak = memory.get("peak_mib")
+        return peak is None or peak <= device_mib
+
+    with console.status("predicting the batch sweep"):
+        points = [sweep_point(predicted(b)) for b in sweep_batches(int(out["batch_size"]), fits)]
+    what = "inference" if out["mode"] == "infer" else "training step"
+    title = f"{out['model']} on {out['gpu']}, {out['dtype']}, {what} (gpemu predict)"
+    try:
+        written = plot_batch_sweep(points, device_mib, path, title, int(out["batch_size"]))
+    except GpemuError as exc:
+        raise _fail(exc) from exc
+    console.print(f"plot written to {written}")
 
 
 def register(app: typer.Typer) -> None:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
 import typer
 from rich.console import Console
 from rich.table import Table
+
+from gpemu.errors import GpemuError
 
 profiles_app = typer.Typer(help="Manage profile files (merge measured profiles into a profile directory).",
                            no_args_is_help=True)  # fmt: skip
@@ -92,11 +95,23 @@ def validate(
     emulated_run: Path = typer.Option(..., "--emulated-run", help="run report of the same script emulated (JSON)"),
     warmup: int = typer.Option(1, "--warmup", min=0, help="leading iterations to drop from both runs"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
+    plot: Path = typer.Option(None, "--plot", help="draw both runs' iterations side by side into this image "
+                              "(Note [Iteration plot]; needs matplotlib)"),
 ) -> None:
     """Compare per-iteration times of a real-GPU run and an emulated run of the same script."""
     from gpemu.profiler.validate import compare_runs, load_iterations
 
     result = compare_runs(load_iterations(gpu_run), load_iterations(emulated_run), warmup)
+    if plot is not None:  # both must be whole run reports; bare lists of times are compared but not drawn
+        from gpemu.report.plot import load_report, plot_reports
+
+        try:
+            written = plot_reports(
+                [("real GPU", load_report(gpu_run)), ("emulated", load_report(emulated_run))], plot,
+                f"emulated vs real: median |error| per iteration {result.median_abs_error_pct:.1f}%")
+            print(f"plot written to {written}", file=sys.stderr)
+        except GpemuError as exc:
+            print(f"no plot: {exc}", file=sys.stderr)
     if as_json:
         print(json.dumps(result.to_json(), indent=2))
         return

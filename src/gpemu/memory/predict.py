@@ -290,8 +290,9 @@ def _simulate_autocast(spec: GPUSpec, workload: str, batch_size: int, dtype: str
     if gt.current_emulation() is not None:
         raise GpemuError("autocast memory is simulated through the drop-in emulation, which is already installed in "
                          "this process: call predict_memory(dtype='amp') from a process without gpemu.install()")
-    emu = gt.install(spec.key, memory_limit_bytes=capacity_bytes if capacity_bytes and capacity_bytes < 1 << 59
-                     else None, replay=False)
+    # capacity_bytes: the device's (fits) or "unlimited" (predict_memory answers past the device's memory, as the
+    # fp32 path does; before session 11 this path fell back to the device's capacity and raised its OOM instead)
+    emu = gt.install(spec.key, memory_limit_bytes=capacity_bytes or None, replay=False)
     try:
         alloc = emu.devices[0].allocator
         model = zoo.build_model(workload)

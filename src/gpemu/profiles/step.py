@@ -136,6 +136,7 @@ def memory_estimate(spec: GPUSpec, model: str, batch_size: int, dtype: str, db: 
     return {
         "peak_mib": mem["peak_mib"],
         "persistent_mib": mem["persistent_mib"],
+        "fits": mem.get("fits"),  # reserved peak + CUDA context within the device's memory
         "source": "predicted",
         "provenance": str(mem.get("source", "gpemu.memory.predict_memory")),
     }

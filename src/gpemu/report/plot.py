@@ -17,8 +17,12 @@ from gpemu.errors import GpemuError
 # iterations (the report's first `warmup_iterations`) and a partial last one (closed at the final sync), which the
 # summary leaves out, are drawn faded; evaluation
 # iterations (no backward, no optimizer step) are hatched. Several reports are drawn side by side on one y axis, the
-# comparison a data-stall study makes (0 vs 2 DataLoader workers, one GPU vs another).
-COLORS = {"busy": "#2a7ab0", "data": "#d95f02", "other": "#bdbdbd"}
+# comparison a data-stall study makes (0 vs 2 DataLoader workers, one GPU vs another). A report of a real-GPU run
+# (`gpemu run --gpu real`, the reference side of `gpemu validate`) measures no device activity: its bars are the
+# host's wait for data and the rest of the iteration, in a darker grey, so it is never drawn as an idle GPU.
+COLORS = {"busy": "#2a7ab0", "data": "#d95f02", "other": "#bdbdbd", "unmeasured": "#6f6f6f"}
+LEGEND = {"busy": "GPU busy", "data": "GPU idle: host waiting for data", "other": "GPU idle: other (host work, syncs)",
+          "unmeasured": "rest of the iteration (real GPU: device activity not measured)"}
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,7 @@ class IterationSeries:
     partial: list[bool]
     gpu_busy_pct: float | None
     fetch_stall_pct: float | None
+    gpu_measured: bool = True  # False for a real-GPU run: idle_other_ms is then the unmeasured rest
 
     @property
     def wall_ms(self) -> list[float]:
@@ -46,11 +51,12 @@ def iteration_series(report: dict[str, Any], label: str) -> IterationSeries:
     rows = report.get("iterations") or []
     if not rows:
         raise GpemuError(f"report {label!r} has no iterations to plot (did the script run a DataLoader loop?)")
+    measured = not str(report.get("gpu") or "").startswith("real ")
     busy, data, other, train, partial = [], [], [], [], []
     for r in rows:
         wall = float(r["wall_s"])
-        b = min(float(r["gpu_busy_s"]), wall)
-        d = min(float(r.get("gpu_idle_data_s", 0.0)), wall - b)
+        b = min(float(r.get("gpu_busy_s", 0.0)), wall) if measured else 0.0
+        d = min(float(r.get("gpu_idle_data_s" if measured else "data_wait_s", 0.0)), wall - b)
         busy.append(b * 1e3)
         data.append(d * 1e3)
         other.append(max(wall - b - d, 0.0) * 1e3)
@@ -58,7 +64,8 @@ def iteration_series(report: dict[str, Any], label: str) -> IterationSeries:
         partial.append(bool(r.get("partial", False)))
     summary = report.get("summary") or {}
     return IterationSeries(label, busy, data, other, int(report.get("warmup_iterations", 0)), train, partial,
-                           summary.get("gpu_busy_pct"), summary.get("fetch_stall_pct"))
+                           summary.get("gpu_busy_pct") if measured else None, summary.get("fetch_stall_pct"),
+                           measured)
 
 
 def load_report(path: Path) -> dict[str, Any]:
@@ -99,7 +106,8 @@ def plot_reports(reports: Sequence[tuple[str, dict[str, Any]]], out: Path, title
             alpha = 0.45 if i < s.warmup or s.partial[i] else 1.0
             hatch = "//" if not s.train[i] else None
             bottom = 0.0
-            for key, values in (("busy", s.busy_ms), ("data", s.idle_data_ms), ("other", s.idle_other_ms)):
+            rest = "other" if s.gpu_measured else "unmeasured"
+            for key, values in (("busy", s.busy_ms), ("data", s.idle_data_ms), (rest, s.idle_other_ms)):
                 ax.bar(i, values[i], bottom=bottom, color=COLORS[key], alpha=alpha, hatch=hatch, width=0.85,
                        edgecolor="white", linewidth=0.3)
                 bottom += values[i]
@@ -112,12 +120,117 @@ def plot_reports(reports: Sequence[tuple[str, dict[str, Any]]], out: Path, title
         ax.set_xlabel("iteration (faded: warm-up, or last, closed at the final sync; hatched: evaluation)", fontsize=7)
         ax.grid(axis="y", alpha=0.3)
     axes[0][0].set_ylabel("wall time per iteration (ms)")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[k]) for k in ("busy", "data", "other")]
-    fig.legend(handles, ["GPU busy", "GPU idle: host waiting for data", "GPU idle: other (host work, syncs)"],
-               loc="lower center", ncol=3, fontsize=8, frameon=False)
+    keys = ["busy", "data", "other"] if any(s.gpu_measured for s in series) else ["data"]
+    keys += ["unmeasured"] if not all(s.gpu_measured for s in series) else []
+    handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[k]) for k in keys]
+    fig.legend(handles, [LEGEND[k] for k in keys], loc="lower center", ncol=min(len(keys), 3), fontsize=8,
+               frameon=False)
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout(rect=(0, 0.07, 1, 1))
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+# Note [Batch sweep plot]: `gpemu predict --plot` answers the question a single figure cannot: where does this model
+# stop scaling with the batch on this GPU, and where does it stop fitting. For each batch size of the sweep (powers of
+# two up to past the memory limit, and the asked batch) it draws samples/s of the predicted training step (forward +
+# backward, GPEmu's "backward" holding loss, zero_grad and the optimizer step) or inference forward, one marker
+# shape per source (measured, interpolated, extrapolated, predicted), a band of +-(median expected |error|) where a
+# path has one, and a shaded region from the first batch whose predicted memory does not fit the device (reserved
+# peak + CUDA context over CUDA's total, the figure an OOM compares with). Host-to-device copies are a second, dashed
+# line (samples/s the copy engine could feed from pageable memory: the data-side ceiling a loader must keep up with),
+# or a note when that ceiling is far above the step.
+SOURCE_MARKERS = {"measured": "o", "interpolated": "s", "extrapolated": "^", "predicted": "D"}
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One batch size of a predict sweep: samples/s of the step and of the H2D copy, where it came from, memory."""
+
+    batch_size: int
+    samples_per_s: float
+    h2d_samples_per_s: float | None
+    source: str
+    expected_abs_pct: float | None
+    peak_mib: float | None
+    fits: bool | None = None  # the memory prediction's verdict (reserved peak + context), None when unknown
+
+
+def sweep_point(out: dict[str, Any]) -> SweepPoint:
+    """Return a predict_step object (the `gpemu predict --json` one) as a sweep point (Note [Batch sweep plot])."""
+    phases = out["phases"]
+    names = ["inference"] if out.get("mode") == "infer" else ["forward", "backward"]
+    seconds = sum(float(phases[n]["seconds"]) for n in names)
+    sources = [str(phases[n]["source"]) for n in names]
+    source = next((s for s in ("predicted", "extrapolated", "interpolated") if s in sources), "measured")
+    errors = [phases[n].get("expected_error") for n in names]
+    expected = max((float(e["median_abs_pct"]) for e in errors if e), default=None)
+    h2d = phases.get("h2d", {}).get("seconds")
+    memory = out.get("memory") or {}
+    batch = int(out["batch_size"])
+    return SweepPoint(batch, batch / seconds, batch / float(h2d) if h2d else None, source, expected,
+                      memory.get("peak_mib"), memory.get("fits"))
+
+
+def plot_batch_sweep(points: Sequence[SweepPoint], device_mib: float, out: Path, title: str,
+                     asked_batch: int | None = None) -> Path:
+    """Draw a predict sweep (Note [Batch sweep plot]) into `out`."""
+    if not points:
+        raise GpemuError("no batch size to plot")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        import matplotlib.ticker
+    except ImportError as exc:
+        raise GpemuError("plots need matplotlib: pip install 'gpemu[plots]' (or matplotlib)") from exc
+    points = sorted(points, key=lambda p: p.batch_size)
+    fig, ax = plt.subplots(figsize=(7.0, 4.2))
+    xs = [p.batch_size for p in points]
+    ys = [p.samples_per_s for p in points]
+    ax.plot(xs, ys, color=COLORS["busy"], linewidth=1.2, label="training step" if "infer" not in title else "inference")
+    lo = [p.samples_per_s / (1 + p.expected_abs_pct / 100) if p.expected_abs_pct else p.samples_per_s for p in points]
+    hi = [p.samples_per_s / max(1 - p.expected_abs_pct / 100, 0.05) if p.expected_abs_pct else p.samples_per_s
+          for p in points]
+    ax.fill_between(xs, lo, hi, color=COLORS["busy"], alpha=0.15, linewidth=0, label="+- median expected |error|")
+    for source, marker in SOURCE_MARKERS.items():
+        sel = [p for p in points if p.source == source]
+        if sel:
+            ax.scatter([p.batch_size for p in sel], [p.samples_per_s for p in sel], marker=marker, s=28,
+                       color=COLORS["busy"], zorder=3, label=source)
+    top = 1.3 * max(max(ys), max(hi))
+    h2d = [(p.batch_size, p.h2d_samples_per_s) for p in points if p.h2d_samples_per_s]
+    if h2d and min(v for _, v in h2d) < top:
+        ax.plot([b for b, _ in h2d], [min(v, top) for _, v in h2d], color=COLORS["data"], linestyle="--",
+                linewidth=1, label="H2D copy ceiling (pageable)")
+    elif h2d:  # far above the step: a line at the top would flatten the curve the plot is for
+        ax.text(0.01, 0.97, f"pageable H2D copies could feed {min(v for _, v in h2d):,.0f} samples/s (above the plot)",
+                transform=ax.transAxes, fontsize=7, va="top", color=COLORS["data"])
+    ax.set_ylim(0, top)
+    over = [p.batch_size for p in points
+            if p.fits is False or (p.fits is None and p.peak_mib is not None and p.peak_mib > device_mib)]
+    if over:
+        ax.axvspan(over[0] / 2 ** 0.5, max(xs) * 2 ** 0.5, color="#b2182b", alpha=0.07, linewidth=0)
+        ax.text(over[0] / 2 ** 0.5, top * 0.90, f"out of memory from batch {over[0]} ({device_mib / 1024:.0f} GiB) ",
+                color="#b2182b", fontsize=7, va="top", ha="right")
+    if asked_batch is not None:
+        asked = next((p for p in points if p.batch_size == asked_batch), None)
+        if asked is not None:
+            ax.annotate(f"batch {asked_batch}: {asked.samples_per_s:,.0f}/s", (asked_batch, asked.samples_per_s),
+                        textcoords="offset points", xytext=(6, -12), fontsize=7)
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _pos: f"{v:g}"))
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("samples / s")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
