@@ -35,22 +35,12 @@ from typing import Any
 
 from _timm_dynamo_rows import EAGER_TWIN, ROWS, SOURCES
 from _timm_infer_rows import ROWS as EAGER_ROWS
-from timm_infer_validation import GPU_OF_FILE
+from timm_infer_validation import GPU_OF_FILE, _summary
 
 # Inductor's inference layout heuristic (torch/_inductor/graph.py, decide_layout_opt): channels_last time / NCHW time
 # per kind of convolution, "average benchmarked channels last speedup / slowdown, < 1 is speedup"
 _CL_MULTIPLIER = {"grouped": 1.358, "small": 0.783, "in_out": 0.725, "default": 0.823}
 _NODES_PER_CONV_SKIP = 300  # "Skipped layout opt because only a few conv": graph nodes >= 300 x convolutions
-
-
-def _summary(label: str, errors_pct: list[float]) -> str:
-    """Return 'label: rows, median |error|, p90 (nearest rank), max, signed median' of signed % errors."""
-    if not errors_pct:
-        return f"{label}: no rows"
-    absolute = sorted(abs(e) for e in errors_pct)
-    p90 = absolute[min(len(absolute) - 1, int(0.9 * len(absolute)))]
-    return (f"{label}: {len(errors_pct)} rows, median |error| {statistics.median(absolute):.1f}%, p90 {p90:.1f}%, "
-            f"max {absolute[-1]:.1f}%, signed median {statistics.median(errors_pct):+.1f}%")
 
 
 def inductor_channels_last(records: list[Any], graph_inputs: int) -> bool:
