@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from gpemu.cost.predict import predict_ops, predict_phase
+from gpemu.cost.predict import model_phase_seconds, phase_op_seconds, predict_ops, predict_phase
 from gpemu.errors import UnknownNameError
 from gpemu.estimate import Estimate
 from gpemu.hardware import get_gpu, list_gpus
@@ -80,6 +80,16 @@ def test_predict_ops_prices_kernels_and_not_views() -> None:
     assert len(times) == len(records)
     assert all(t == 0 for t, r in zip(times, records, strict=True) if r.category == "view")
     assert all(t > 0 for t, r in zip(times, records, strict=True) if r.category != "view")
+
+
+def test_phase_op_seconds_are_the_kernels_the_phase_time_sums() -> None:
+    # alexnet's forward at batch 2 on a V100, per op (views folded away). The phase time is
+    # t0 + max_j(host_j + kernels from j on) >= t0 + every kernel (j = 0), so it exceeds the per-op sum.
+    per_op, categories = phase_op_seconds("v100", "alexnet", "forward", 2)
+    forward = [r for r in trace_training_step("alexnet", 2) if r.phase == "forward" and r.category != "view"]
+    assert categories == [r.category for r in forward]
+    assert (per_op > 0).all()
+    assert model_phase_seconds(get_gpu("v100"), "alexnet", "forward", [2])[0] > per_op.sum()
 
 
 def test_tf32_speeds_up_matmuls_only_where_tensor_cores_have_it() -> None:

@@ -102,11 +102,9 @@ def _subset(ops: OpArrays, mask: np.ndarray) -> OpArrays:
     return ops.pick(np.flatnonzero(mask))
 
 
-def model_phase_seconds(spec: GPUSpec, model: str, phase: str, batch_sizes: Sequence[float], dtype: str = "fp32",
-                        params: CostParams | None = None, use_per_gpu: bool = True,
-                        memory_format: str = "nchw") -> np.ndarray:
-    """Return the time model's seconds for one phase at each batch size (no profile involved)."""
-    params = params or load_params()
+def _phase_kernels(spec: GPUSpec, model: str, phase: str, batch_sizes: Sequence[float], dtype: str,
+                   params: CostParams, use_per_gpu: bool, memory_format: str) -> tuple[OpArrays, torch.Tensor]:
+    """Return one phase's kernel ops (views folded) and their kernel seconds at each batch size (batch x ops)."""
     if phase == "inference":  # Note [Inference forward] in gpemu.workloads.optrace
         from gpemu.workloads.optrace import INFERENCE
 
@@ -122,9 +120,28 @@ def model_phase_seconds(spec: GPUSpec, model: str, phase: str, batch_sizes: Sequ
     nbytes = ops.bytes[None, :] + ops.bytes_per_sample[None, :] * batches
     act = ops.relayout_at_batch(batches)
     with torch.no_grad():
-        kern = kernel_seconds(flops, nbytes, cols, p, f, act, ops.conv_batch_at(batches))
+        return ops, kernel_seconds(flops, nbytes, cols, p, f, act, ops.conv_batch_at(batches))
+
+
+def model_phase_seconds(spec: GPUSpec, model: str, phase: str, batch_sizes: Sequence[float], dtype: str = "fp32",
+                        params: CostParams | None = None, use_per_gpu: bool = True,
+                        memory_format: str = "nchw") -> np.ndarray:
+    """Return the time model's seconds for one phase at each batch size (no profile involved)."""
+    params = params or load_params()
+    ops, kern = _phase_kernels(spec, model, phase, batch_sizes, dtype, params, use_per_gpu, memory_format)
+    p, f = params.shared, params.factors(spec, use_per_gpu)
+    with torch.no_grad():
         out = phase_seconds(kern, host_seconds(ops, p, f), p, "forward" if phase == "inference" else phase)
     return out.numpy()
+
+
+def phase_op_seconds(gpu: GPUSpec | str, model: str, phase: str, batch_size: int, dtype: str = "fp32",
+                     params: CostParams | None = None, memory_format: str = "nchw") -> tuple[np.ndarray, list[str]]:
+    """Return the time model's kernel seconds of each op of one phase (launch order, views folded away) and the
+    ops' cost categories: the per-op prices model_phase_seconds sums, one batch size."""
+    params = params or load_params()
+    ops, kern = _phase_kernels(get_gpu(gpu), model, phase, [batch_size], dtype, params, True, memory_format)
+    return kern[0].numpy(), list(ops.category)
 
 
 def predict_ops(gpu: GPUSpec | str, ops: Sequence[Any], params: CostParams | None = None) -> list[float]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -14,10 +15,12 @@ import torch
 # the whole tensor, and each paying a launch. The step of a compiled model is priced that way: inside the forward of
 # a compiled top module, and in the backward pass of the autograd nodes that forward made (AOTAutograd compiles the
 # backward graph too), consecutive ops of the streaming categories -- elementwise, norm (batch, layer and group
-# norm, softmax; Inductor decomposes them), reduction -- form one group, priced at the most expensive op of the group:
-# each op is charged what it adds to the group's running maximum (its own time, latency included, minus that
-# maximum, never below zero), so a group costs one launch and one pass over its largest operands. Any other op
-# (GEMM, convolution, attention, embedding, pooling, copies, optimizer) ends the group and is priced as before.
+# norm, softmax; Inductor decomposes them), reduction, on-device copy (casts, cat, contiguous copies, gathers) -- form
+# one group, priced at the most expensive op of the group: each op is charged what it adds to the group's running
+# maximum (its own time, latency included, minus that maximum, never below zero; fuse_step), so a group costs one
+# launch and one pass over its largest operands. Any other op (GEMM, convolution, attention, embedding, pooling,
+# optimizer) ends the group and is priced as before. (Until session 11 this Note listed copies among the ops that
+# end a group; FUSIBLE_CATEGORIES has fused them since session 9, as docs/drop-in.md says.)
 # Regional compilation (each block compiled, not the model: `for b in model.blocks: b.compile()`, as torchtitan and
 # diffusers' compile_repeated_blocks do) is priced the same way inside each compiled submodule's forward and the
 # backward of its nodes; the ops between the blocks stay eager. Before session 9's fix only a compiled top module
@@ -40,11 +43,25 @@ import torch
 # it); those of any other node do (the eager code between two compiled blocks). Before
 # session 9's fix they joined the groups: nanoGPT's clip_grad_norm_ lost five kernels, and one-rank DDP's bucket copies
 # half their time (0.37 instead of 0.78 ms per step on its small config).
-# Stated, not fitted: no measured Inductor step is in the data. It is optimistic for groups Inductor splits (a
-# reduction followed by a broadcast over a different shape can be two kernels) and ignores what the min-cut
-# partitioner saves for backward or recomputes. Published sign of the size: nanoGPT's README (karpathy/nanoGPT,
-# "efficiency notes") reports torch.compile cutting GPT-2 124M training from ~250 to 135 ms per iteration on an A100;
-# docs/drop-in.md gives the emulated eager and compiled steps of the same model.
+# Stated, not fitted. Measured since session 11 against timm's published compiled (Inductor) inference throughputs,
+# each beside its eager twin on the same GPU and PyTorch (bench/timm_compile_validation.py: 40 models x 4 files, RTX
+# 4090 with PyTorch 2.4 and 2.9.1, RTX 5090, RTX PRO 6000 Max-Q; AMP, NCHW): the compiled / eager speed-up this rule
+# gives is off by median 15.5 %, p90 29.5 %, signed median -5.9 % (published median 1.54-1.74x per file, gpemu's
+# 1.35-1.40x). Where Inductor keeps the eager layout (ViT / DeiT / BEiT, Swin, CaiT, Mixer, LeViT, two RegNets; 56
+# rows) median 7.9 %, signed +7.5 %: optimistic for groups Inductor splits (Swin and CaiT +20 %; a reduction followed
+# by a broadcast over a different shape can be two kernels). Where it does not (104 rows of conv nets) the speed-up
+# reads low, signed -19.4 %, ResNets -23 %, VGG-16 1.0x against 1.6-1.8x: Inductor's layout optimization
+# (torch/_inductor/graph.py, GraphLowering.decide_layout_opt; for an inference graph, channels_last when its conv
+# FLOPs weighted by Inductor's measured channels_last speed-ups are no more than the plain FLOPs) runs those models
+# channels_last, and this rule keeps the eager layout. Pricing them channels_last (Note [Layout cost]) moves them to
+# signed -12.3 % but widens their p90 from 32.7 to 40.3 % (DenseNets and the grouped-conv RegNetYs, whose NHWC
+# convolutions gpemu prices too fast), so the rule keeps the layout; VGG-16 has nothing to fuse (fused fraction
+# 0.997) and stays unexplained. Pooling is not made fusible: Inductor lowers small windows to Triton but realizes
+# their input (x.realize_hint() in its pooling lowerings), so the producer's kernel stays. The rule ignores what the
+# min-cut partitioner saves for backward or recomputes; no compiled training step is in the data. Published sign
+# of the size: nanoGPT's README (karpathy/nanoGPT, "efficiency notes") reports torch.compile cutting GPT-2 124M
+# training from ~250 to 135 ms per iteration on an A100; docs/drop-in.md gives the emulated eager and compiled
+# steps of the same model.
 FUSIBLE_CATEGORIES = frozenset({"elementwise", "norm", "reduction", "copy"})
 
 _fusible_ops: dict[Any, bool] = {}
@@ -78,6 +95,29 @@ def compiled_module(module: torch.nn.Module) -> torch.nn.Module | None:
         if isinstance(m, torch.nn.Module) and marked_compiled(m):
             return m
     return None
+
+
+def fuse_step(group_s: float, op_s: float, fusible: bool) -> tuple[float, float, float]:
+    """Return (charged_s, saved_s, group_s) for one op of a compiled region given its open group's maximum
+    `group_s` (Note [Compiled regions]): an op that is not fusible closes the group and is charged in full; a fusible
+    op is charged what it adds to the group's maximum, saves the rest, and raises the maximum to its own time."""
+    if not fusible:
+        return op_s, 0.0, 0.0
+    extra = op_s - group_s
+    if extra <= 0.0:
+        return 0.0, op_s, group_s
+    return extra, group_s, op_s
+
+
+def fused_seconds(per_op_s: Sequence[float], fusible: Sequence[bool]) -> list[float]:
+    """Return what each op of one compiled region (ops in launch order, their own seconds) is charged under Note
+    [Compiled regions]: the per-op prices FusionGroups gives a forward whose ops all fuse by the same rule."""
+    group_s = 0.0
+    out = []
+    for op_s, f in zip(per_op_s, fusible, strict=True):
+        charged_s, _, group_s = fuse_step(group_s, op_s, f)
+        out.append(charged_s)
+    return out
 
 
 class FusionGroups:
@@ -119,15 +159,8 @@ class FusionGroups:
                 if seq != _ACCUMULATE_GRAD_SEQ:  # an eager node between compiled regions ends the group
                     self._group_s = 0.0
                 return predicted_s  # an eager kernel: its own time
-        if not fusible:
-            self._group_s = 0.0
-            return predicted_s
-        extra = predicted_s - self._group_s
-        if self._group_s > 0.0:
+        if fusible and self._group_s > 0.0:
             self.fused_ops += 1
-        if extra <= 0.0:
-            self.saved_s += predicted_s
-            return 0.0
-        self.saved_s += self._group_s
-        self._group_s = predicted_s
-        return extra
+        charged_s, saved_s, self._group_s = fuse_step(self._group_s, predicted_s, fusible)
+        self.saved_s += saved_s
+        return charged_s
