@@ -539,3 +539,25 @@ def test_t5_with_its_encoder_decoder_cache_replays(a100: gt.Emulation) -> None:
     assert a100.replay is not None
     assert (a100.replay.recorded, a100.replay.replayed) == (2, 2)  # (4, 0) before: the EncoderDecoderCache output
     assert type(out.past_key_values).__name__ == "EncoderDecoderCache"  # a new, empty one on replay
+
+
+def test_beam_search_runs_to_its_max_length(a100: gt.Emulation) -> None:
+    # transformers >= 4.50's vectorised beam search stops when `improvement_possible & exists_open_beam &
+    # valid_continuations` reads False, and crops its output to a length counted from the beam indices; all of it
+    # derives from generated tokens and scores, which are not computed (Note [Beam search under emulation])
+    transformers = pytest.importorskip("transformers")
+    utils = pytest.importorskip("transformers.generation.utils")
+    if not hasattr(utils.GenerationMixin, "_beam_search_has_unfinished_sequences"):
+        pytest.skip("transformers < 4.50: beam search is BeamSearchScorer's host loop")
+    config = transformers.T5Config(d_model=32, d_ff=64, num_layers=1, num_heads=2, vocab_size=64,
+                                   decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    model = transformers.T5ForConditionalGeneration(config).cuda().eval()
+    calls = []
+    model.decoder.register_forward_pre_hook(lambda m, a: calls.append(1))
+    input_ids = torch.randint(3, 64, (2, 7)).cuda()
+    with torch.no_grad():
+        out = model.generate(input_ids=input_ids, num_beams=4, max_length=10, do_sample=False)
+    # EOS is never seen (as in greedy search): 9 decoder steps after the start token, and the 10-token sequences
+    # (decoder start + 9) come back whole
+    assert len(calls) == 9  # 1 before: the first stop check read False
+    assert tuple(out.shape) == (2, 10)  # (2, 0) or (2, 1) before: the crop read a length of 0
