@@ -3,6 +3,8 @@ then with the libraries themselves when they are installed (they are not gpemu d
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -561,3 +563,40 @@ def test_beam_search_runs_to_its_max_length(a100: gt.Emulation) -> None:
     # (decoder start + 9) come back whole
     assert len(calls) == 9  # 1 before: the first stop check read False
     assert tuple(out.shape) == (2, 10)  # (2, 0) or (2, 1) before: the crop read a length of 0
+
+
+@dataclasses.dataclass
+class _OldModelOutput(collections.OrderedDict):  # type: ignore[type-arg]
+    """transformers <= 4.34's ModelOutput: an OrderedDict dataclass holding its non-None fields, not a pytree node."""
+
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("loss", "logits"):
+            if getattr(self, name) is not None:
+                self[name] = getattr(self, name)
+
+
+class _OldStyleClassifier(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = nn.Linear(32, 4)
+
+    def forward(self, pixel_values: torch.Tensor, labels: torch.Tensor) -> _OldModelOutput:
+        logits = self.head(pixel_values)
+        return _OldModelOutput(loss=nn.functional.cross_entropy(logits, labels), logits=logits)
+
+
+def test_a_model_output_pytree_does_not_know_replays(a100: gt.Emulation) -> None:
+    # Note [Model outputs pytree does not know]: 4 steps record twice, then replay twice (0 replays before: the whole
+    # output was one leaf that is neither a tensor nor a constant)
+    model = _OldStyleClassifier().cuda()
+    batch = {"pixel_values": torch.randn(8, 32).cuda(), "labels": torch.randint(0, 4, (8,)).cuda()}
+    for _ in range(4):
+        out = model(**batch)
+        out["loss"].backward()
+    assert a100.replay is not None
+    assert (a100.replay.recorded, a100.replay.replayed) == (2, 2)
+    assert type(out) is _OldModelOutput and list(out.keys()) == ["loss", "logits"]
+    assert tuple(out.logits.shape) == (8, 4) and out.loss.requires_grad
