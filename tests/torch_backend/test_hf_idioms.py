@@ -600,3 +600,17 @@ def test_a_model_output_pytree_does_not_know_replays(a100: gt.Emulation) -> None
     assert (a100.replay.recorded, a100.replay.replayed) == (2, 2)
     assert type(out) is _OldModelOutput and list(out.keys()) == ["loss", "logits"]
     assert tuple(out.logits.shape) == (8, 4) and out.loss.requires_grad
+
+
+def test_read_answers_leave_sanity_checks_and_known_values_alone(a100: gt.Emulation) -> None:
+    # the answers a library routine supplies (Note [Beam search under emulation]) cover computed values only: an
+    # any() check still reads False ("nothing flagged"), a known value its own value
+    from gpemu.torch_backend.ops import read_answers
+
+    head = nn.Linear(8, 4).cuda()
+    scores = head(torch.randn(2, 8, device="cuda"))
+    with read_answers(lambda shape, dtype, reason: True if dtype == torch.bool else None):
+        assert bool(scores.sum() > 0)  # computed: the routine's answer (False, the default zeros, outside)
+        assert not bool(torch.isnan(scores).any())  # a sanity check keeps its passing answer
+        assert not bool(torch.zeros(2, dtype=torch.bool, device="cuda").any())  # known: its value
+    assert not bool(scores.sum() > 0)

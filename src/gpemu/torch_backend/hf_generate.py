@@ -36,7 +36,8 @@ _MODULE = "transformers.generation.utils"
 # answers True (search on: the max-length flag, which is known, still ends the loop) and of a computed 0-dim integer
 # `max_length`: the crop reads `prompt + generated` (which is max_length) to slice the sequences and then `generated`
 # to slice the beam indices, whose width is `max_length - prompt`, so the larger answer keeps both whole. Reads of
-# known values, bigger tensors and floats keep their usual answers, and the user's value hook answers first. The
+# known values, bigger tensors and floats keep their usual answers, and so do a model's own all()/any() checks read
+# inside the loop (`if torch.isnan(x).any()` still passes); the user's value hook answers first. The
 # method is wrapped when transformers.generation.utils is imported (an import hook) or at install if it already is.
 
 
