@@ -562,7 +562,7 @@ def test_beam_search_runs_to_its_max_length(a100: gt.Emulation) -> None:
     # EOS is never seen (as in greedy search): 9 decoder steps after the start token, and the 10-token sequences
     # (decoder start + 9) come back whole
     assert len(calls) == 9  # 1 before: the first stop check read False
-    assert tuple(out.shape) == (2, 10)  # (2, 0) or (2, 1) before: the crop read a length of 0
+    assert tuple(out.shape) == (2, 10)  # (2, 0) before: the crop read a length of 0
 
 
 @dataclasses.dataclass
