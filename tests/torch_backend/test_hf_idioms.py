@@ -3,6 +3,8 @@ then with the libraries themselves when they are installed (they are not gpemu d
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -539,3 +541,76 @@ def test_t5_with_its_encoder_decoder_cache_replays(a100: gt.Emulation) -> None:
     assert a100.replay is not None
     assert (a100.replay.recorded, a100.replay.replayed) == (2, 2)  # (4, 0) before: the EncoderDecoderCache output
     assert type(out.past_key_values).__name__ == "EncoderDecoderCache"  # a new, empty one on replay
+
+
+def test_beam_search_runs_to_its_max_length(a100: gt.Emulation) -> None:
+    # transformers >= 4.50's vectorised beam search stops when `improvement_possible & exists_open_beam &
+    # valid_continuations` reads False, and crops its output to a length counted from the beam indices; all of it
+    # derives from generated tokens and scores, which are not computed (Note [Beam search under emulation])
+    transformers = pytest.importorskip("transformers")
+    utils = pytest.importorskip("transformers.generation.utils")
+    if not hasattr(utils.GenerationMixin, "_beam_search_has_unfinished_sequences"):
+        pytest.skip("transformers < 4.50: beam search is BeamSearchScorer's host loop")
+    config = transformers.T5Config(d_model=32, d_ff=64, num_layers=1, num_heads=2, vocab_size=64,
+                                   decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    model = transformers.T5ForConditionalGeneration(config).cuda().eval()
+    calls = []
+    model.decoder.register_forward_pre_hook(lambda m, a: calls.append(1))
+    input_ids = torch.randint(3, 64, (2, 7)).cuda()
+    with torch.no_grad():
+        out = model.generate(input_ids=input_ids, num_beams=4, max_length=10, do_sample=False)
+    # EOS is never seen (as in greedy search): 9 decoder steps after the start token, and the 10-token sequences
+    # (decoder start + 9) come back whole
+    assert len(calls) == 9  # 1 before: the first stop check read False
+    assert tuple(out.shape) == (2, 10)  # (2, 0) before: the crop read a length of 0
+
+
+@dataclasses.dataclass
+class _OldModelOutput(collections.OrderedDict):  # type: ignore[type-arg]
+    """transformers <= 4.34's ModelOutput: an OrderedDict dataclass holding its non-None fields, not a pytree node."""
+
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("loss", "logits"):
+            if getattr(self, name) is not None:
+                self[name] = getattr(self, name)
+
+
+class _OldStyleClassifier(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = nn.Linear(32, 4)
+
+    def forward(self, pixel_values: torch.Tensor, labels: torch.Tensor) -> _OldModelOutput:
+        logits = self.head(pixel_values)
+        return _OldModelOutput(loss=nn.functional.cross_entropy(logits, labels), logits=logits)
+
+
+def test_a_model_output_pytree_does_not_know_replays(a100: gt.Emulation) -> None:
+    # Note [Model outputs pytree does not know]: 4 steps record twice, then replay twice (0 replays before: the whole
+    # output was one leaf that is neither a tensor nor a constant)
+    model = _OldStyleClassifier().cuda()
+    batch = {"pixel_values": torch.randn(8, 32).cuda(), "labels": torch.randint(0, 4, (8,)).cuda()}
+    for _ in range(4):
+        out = model(**batch)
+        out["loss"].backward()
+    assert a100.replay is not None
+    assert (a100.replay.recorded, a100.replay.replayed) == (2, 2)
+    assert type(out) is _OldModelOutput and list(out.keys()) == ["loss", "logits"]
+    assert tuple(out.logits.shape) == (8, 4) and out.loss.requires_grad
+
+
+def test_read_answers_leave_sanity_checks_and_known_values_alone(a100: gt.Emulation) -> None:
+    # the answers a library routine supplies (Note [Beam search under emulation]) cover computed values only: an
+    # any() check still reads False ("nothing flagged"), a known value its own value
+    from gpemu.torch_backend.ops import read_answers
+
+    head = nn.Linear(8, 4).cuda()
+    scores = head(torch.randn(2, 8, device="cuda"))
+    with read_answers(lambda shape, dtype, reason: True if dtype == torch.bool else None):
+        assert bool(scores.sum() > 0)  # computed: the routine's answer (False, the default zeros, outside)
+        assert not bool(torch.isnan(scores).any())  # a sanity check keeps its passing answer
+        assert not bool(torch.zeros(2, dtype=torch.bool, device="cuda").any())  # known: its value
+    assert not bool(scores.sum() > 0)

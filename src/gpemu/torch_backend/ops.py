@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -46,14 +47,33 @@ def _nbytes(t: torch.Tensor) -> int:
 # ---- values --------------------------------------------------------------------------------------------------
 
 
+# Answers for reads of computed values that gpemu itself supplies inside a library routine, innermost last, consulted
+# after the user's value hook (Note [Beam search under emulation] in hf_generate.py).
+_read_answers: list[Callable[[tuple[int, ...], torch.dtype, str], Any]] = []
+
+
+@contextlib.contextmanager
+def read_answers(answer: Callable[[tuple[int, ...], torch.dtype, str], Any]) -> Iterator[None]:
+    """Within the block, reads of computed values take `answer(shape, dtype, reason)` where it is not None."""
+    _read_answers.append(answer)
+    try:
+        yield
+    finally:
+        _read_answers.pop()
+
+
 def host_value(
     shape: tuple[int, ...], dtype: torch.dtype, reason: str, default: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """Return the CPU tensor a D2H copy yields: the value hook's answer, else `default`, else zeros."""
+    """Return the CPU tensor a D2H copy yields: the value hook's answer, else `default`, else a `read_answers` one,
+    else zeros."""
     emu = state.current_emulation()
     hook = emu.value_hook if emu is not None else None
-    if hook is not None:
-        value = hook(shape, dtype, reason)
+    answers = [hook] if hook is not None else []
+    if _read_answers and default is None:  # all()/any() checks keep their passing answers
+        answers.append(_read_answers[-1])
+    for answer in answers:
+        value = answer(shape, dtype, reason)
         if value is not None:
             t = torch.as_tensor(value, dtype=dtype, device="cpu")
             return t.expand(shape).clone() if t.shape != shape else t.clone()

@@ -18,6 +18,7 @@ from gpemu.torch_backend import (
     accelerator_api,
     cuda_api,
     default_device,
+    hf_generate,
     legacy,
     nvml,
     profiling,
@@ -46,6 +47,11 @@ class Patcher:
     def __init__(self) -> None:
         self._saved: list[tuple[Any, str, Any]] = []
         self._scripted: list[int] = []  # ids registered in TorchScript's builtin table
+        self._undo: list[Callable[[], None]] = []  # other changes to undo (an import hook's removal)
+
+    def on_restore(self, undo: Callable[[], None]) -> None:
+        """Call `undo` when restoring (before the attributes set until then are put back)."""
+        self._undo.append(undo)
 
     def set(self, obj: Any, name: str, value: Any) -> None:
         """Replace `obj.name` with `value` (remembering the original)."""
@@ -59,6 +65,8 @@ class Patcher:
 
     def restore(self) -> None:
         """Put every original back, newest first."""
+        while self._undo:
+            self._undo.pop()()
         for obj, name, value in reversed(self._saved):
             if value is _MISSING:
                 with contextlib.suppress(AttributeError):
@@ -588,6 +596,7 @@ def apply(emu: state.Emulation, patcher: Patcher) -> None:
         patcher.set(mha, "get_fastpath_enabled", lambda: False)
     if hasattr(torch.nn.Module, "compile"):
         patcher.set(torch.nn.Module, "compile", _eager_module_compile)
+    hf_generate.apply(patcher)  # Note [Beam search under emulation]
 
 
 def _ctc_loss_with_host_lengths(orig: Callable[..., Any]) -> Callable[..., Any]:

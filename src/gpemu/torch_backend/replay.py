@@ -38,6 +38,7 @@ or other values than its key promised is never replayed.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import random
@@ -817,7 +818,7 @@ class Replayer:
         rec.ok = rec.ok and win.clean(len(rec.fwd), rec.reads, rec.copies) and _host_rng_state() == rng_before
         if rec.read_sources:  # reads that depended on host values: which inputs? See Note [Replay with host reads]
             self._file_reads(module, entry, rec, inputs, base, sub)
-        leaves, rec.out_spec = tree_flatten(out)
+        leaves, rec.out_spec = _flatten_output(out)
         for i, t in enumerate(leaves):
             if not isinstance(t, torch.Tensor):
                 other = _other_leaf(t)
@@ -973,12 +974,12 @@ class Replayer:
             phases._post(module, args, outs)
         self.replayed += 1
         if not rec.out_other and not rec.out_inputs:
-            return tree_unflatten(list(outs), rec.out_spec)
+            return _unflatten_output(list(outs), rec.out_spec)
         tensors = iter(outs)
         n = len(outs) + len(rec.out_other) + len(rec.out_inputs)
         leaves = [inputs[rec.out_inputs[i]] if i in rec.out_inputs else tensors.__next__() if i not in rec.out_other
                   else (rec.out_other[i][1] if rec.out_other[i][0] else rec.out_other[i][1]()) for i in range(n)]
-        return tree_unflatten(leaves, rec.out_spec)
+        return _unflatten_output(leaves, rec.out_spec)
 
 
 # Note [Gradient accumulation]: with gradient accumulation (the HF Trainer's gradient_accumulation_steps, nanoGPT)
@@ -1048,6 +1049,36 @@ def _grads_exist(params: Any) -> bool:
 # training step stayed on the per-op path). Any other object makes the call unreplayable (it may hold tensors of
 # this call).
 _CONSTANTS = (type(None), bool, int, float, str)
+
+
+# Note [Model outputs pytree does not know]: transformers' model outputs (ModelOutput: an OrderedDict subclass that
+# is a dataclass) are pytree nodes only since transformers 4.35, whose ModelOutput registers every subclass. Before,
+# tree_flatten took the whole output for one leaf, neither a tensor nor a constant (Note [Output objects]), so no
+# training step of a model from transformers 4.34 or older ever replayed: the stored run_image_classification.py
+# needs transformers 4.24, and its ViT-base step ran per op (~2,100 ops, ~48 ms of emulator host a step, every step).
+# An output that pytree leaves whole and that is a dict subclass and a dataclass is flattened as its items, in order,
+# and rebuilt on replay as `cls(**items)`, as the later transformers do themselves.
+_MAPPING_OUTPUT = "gpemu.mapping_output"
+
+
+def _flatten_output(out: Any) -> tuple[list[Any], Any]:
+    """tree_flatten, also through a dataclass mapping pytree does not know (Note [Model outputs pytree does not
+    know])."""
+    leaves, spec = tree_flatten(out)
+    if (len(leaves) == 1 and leaves[0] is out and isinstance(out, dict) and type(out) is not dict
+            and dataclasses.is_dataclass(out)):
+        keys = tuple(out.keys())
+        leaves, inner = tree_flatten([out[k] for k in keys])
+        return leaves, (_MAPPING_OUTPUT, type(out), keys, inner)
+    return leaves, spec
+
+
+def _unflatten_output(leaves: list[Any], spec: Any) -> Any:
+    """Inverse of _flatten_output."""
+    if isinstance(spec, tuple) and len(spec) == 4 and spec[0] == _MAPPING_OUTPUT:
+        _tag, cls, keys, inner = spec
+        return cls(**dict(zip(keys, tree_unflatten(leaves, inner), strict=True)))
+    return tree_unflatten(leaves, spec)
 
 
 # Note [New shapes]: a recording becomes replayable when two calls under one key (shapes, dtypes, modes, read values)
