@@ -284,7 +284,10 @@ def test_gpt2_training_forward_replays_with_its_cache(a100: gt.Emulation) -> Non
     # the forward builds a DynamicCache (use_cache) from torch.tensor([]) copies and returns it: it recorded but
     # never replayed before
     assert (a100.replay.recorded, a100.replay.replayed) == (2, 2)
-    assert isinstance(outs[-1].past_key_values, transformers.DynamicCache)
+    cache = outs[-1].past_key_values
+    if not isinstance(cache, transformers.DynamicCache):  # transformers < 4.56 hands back the legacy format: per
+        # layer a (key, value) pair of (batch 2, heads 4, 64 tokens, 64 / 4 = 16) tensors, also on a replayed call
+        assert len(cache) == 2 and all(tuple(t.shape) == (2, 4, 64, 16) for kv in cache for t in kv)
     assert tuple(outs[-1].logits.shape) == (2, 64, 512)
 
 
@@ -446,6 +449,7 @@ def test_save_pretrained_and_from_pretrained_round_trip(a100: gt.Emulation, tmp_
     with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
         keys = set(f.keys())
     assert "transformer.wte.weight" in keys and "lm_head.weight" not in keys  # the tied head is saved once
+    pytest.importorskip("accelerate")  # transformers' device_map= loading needs it (4.52 and 5.24 alike)
     loaded = transformers.GPT2LMHeadModel.from_pretrained(tmp_path, device_map="cuda")
     assert next(loaded.parameters()).is_cuda
 
@@ -540,7 +544,10 @@ def test_t5_with_its_encoder_decoder_cache_replays(a100: gt.Emulation) -> None:
         out.loss.backward()
     assert a100.replay is not None
     assert (a100.replay.recorded, a100.replay.replayed) == (2, 2)  # (4, 0) before: the EncoderDecoderCache output
-    assert type(out.past_key_values).__name__ == "EncoderDecoderCache"  # a new, empty one on replay
+    # a new, empty one on replay; transformers < 4.56 hands back the legacy format, per decoder layer the self- and
+    # cross-attention (key, value) tensors, 4 each
+    assert type(out.past_key_values).__name__ == "EncoderDecoderCache" or (
+        isinstance(out.past_key_values, tuple) and [len(layer) for layer in out.past_key_values] == [4, 4])
 
 
 def test_beam_search_runs_to_its_max_length(a100: gt.Emulation) -> None:
