@@ -74,23 +74,14 @@ def predicted_tokens_per_s(gpu: str, size: str, seq_len: int, micro_batch: int, 
 
 
 def _write(rows: list[dict[str, object]]) -> None:
-    import numpy as np
-
-    from gpemu.cost.expected_error import EXPECTED_ERROR_PATH
+    from gpemu.cost.expected_error import EXPECTED_ERROR_PATH, published_by_gpu_entries
 
     table = json.loads(EXPECTED_ERROR_PATH.read_text())
-    by_gpu: dict[str, list[float]] = {}
-    for r in rows:
-        if not _short(r) or r["act_ckpt"]:  # the rows that test what gpemu prices (module docstring)
-            continue
-        by_gpu.setdefault(str(r["gpu"]), []).append(float(r["error_pct"]))  # type: ignore[arg-type]
-    table.setdefault("published_by_gpu", {})["lm-pretrain"] = {
-        gpu: {"rows": len(e), "signed_median_pct": round(float(np.median(e)), 2),
-              "median_abs_pct": round(float(np.median(np.abs(e))), 2),
-              "basis": f"MosaicML's published MPT pretraining throughputs, 125M-30B, 512-4096 tokens, 8 GPUs, "
-                       f"FSDP, bf16, no activation checkpointing "
-                       f"(bench/llm_foundry_validation.py, {time.strftime('%Y-%m-%d')})"}
-        for gpu, e in sorted(by_gpu.items())}
+    kept = [(str(r["gpu"]), float(r["error_pct"])) for r in rows  # type: ignore[arg-type]
+            if _short(r) and not r["act_ckpt"]]  # the rows that test what gpemu prices (module docstring)
+    table.setdefault("published_by_gpu", {})["lm-pretrain"] = published_by_gpu_entries(
+        kept, f"MosaicML's published MPT pretraining throughputs, 125M-30B, 512-4096 tokens, 8 GPUs, FSDP, bf16, no "
+              f"activation checkpointing (bench/llm_foundry_validation.py, {time.strftime('%Y-%m-%d')})")
     EXPECTED_ERROR_PATH.write_text(json.dumps(table, indent=1) + "\n")
     print(f"wrote {EXPECTED_ERROR_PATH}")
 

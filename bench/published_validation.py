@@ -28,15 +28,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from gpemu.cost.expected_error import EXPECTED_ERROR_PATH, fitted_sha256
+from gpemu.cost.expected_error import EXPECTED_ERROR_PATH, fitted_sha256, published_by_gpu_entries
 from gpemu.cost.model import CostParams, load_params, peak_flops
 from gpemu.cost.predict import predict_phase
 from gpemu.cost.registry import OpCost
@@ -400,14 +400,10 @@ def model_rows(refs: Sequence[Reference]) -> list[dict[str, object]]:
     return rows
 
 
-def _by_gpu(rows: Sequence[dict[str, object]]) -> dict[str, dict[str, float | int]]:
+def _by_gpu(rows: Sequence[dict[str, object]]) -> dict[str, dict[str, Any]]:
     """Return per catalog GPU: row count, signed median % error (+ = gpemu too fast) and median |error|."""
-    errors: dict[str, list[float]] = {}
-    for r in rows:
-        errors.setdefault(get_gpu(str(r["gpu"])).key, []).append(float(r["error_pct"]))  # type: ignore[arg-type]
-    return {key: {"rows": len(errs), "signed_median_pct": round(statistics.median(errs), 2),
-                  "median_abs_pct": round(statistics.median(abs(e) for e in errs), 2)}
-            for key, errs in sorted(errors.items())}
+    return published_by_gpu_entries((get_gpu(str(r["gpu"])).key, float(r["error_pct"]))  # type: ignore[arg-type]
+                                    for r in rows)
 
 
 def write_expected_error(rows: Sequence[dict[str, object]], layers: Sequence[dict[str, object]],

@@ -78,7 +78,7 @@ def _write_expected_error(rows: list[dict[str, object]]) -> None:
     and their signed median per GPU as its "vision-inference" published bias (Note [Published bias per GPU])."""
     import numpy as np
 
-    from gpemu.cost.expected_error import EXPECTED_ERROR_PATH
+    from gpemu.cost.expected_error import EXPECTED_ERROR_PATH, published_by_gpu_entries
 
     table = json.loads(EXPECTED_ERROR_PATH.read_text())
     errors_pct = [float(r["error_pct"]) for r in rows]  # type: ignore[arg-type]
@@ -92,16 +92,10 @@ def _write_expected_error(rows: list[dict[str, object]]) -> None:
                       "p90_abs_pct": round(float(np.percentile(absolute, 90)), 2), "rows": len(errors_pct)}}
     # per GPU, the rows of a current PyTorch (2.x), both layouts: what `gpemu predict --mode infer` shows beside a
     # figure for that GPU (Note [Published bias per GPU])
-    by_gpu: dict[str, list[float]] = {}
-    for r in rows:
-        if "-pt1" not in str(r["file"]):
-            by_gpu.setdefault(str(r["gpu"]), []).append(float(r["error_pct"]))  # type: ignore[arg-type]
-    table.setdefault("published_by_gpu", {})["vision-inference"] = {
-        gpu: {"rows": len(e), "signed_median_pct": round(float(np.median(e)), 2),
-              "median_abs_pct": round(float(np.median(np.abs(e))), 2),
-              "basis": f"timm's published AMP inference rows, PyTorch 2.4 / 2.9 (bench/timm_infer_validation.py, "
-                       f"{time.strftime('%Y-%m-%d')})"}
-        for gpu, e in sorted(by_gpu.items())}
+    table.setdefault("published_by_gpu", {})["vision-inference"] = published_by_gpu_entries(
+        [(str(r["gpu"]), float(r["error_pct"])) for r in rows if "-pt1" not in str(r["file"])],  # type: ignore[arg-type]
+        f"timm's published AMP inference rows, PyTorch 2.4 / 2.9 (bench/timm_infer_validation.py, "
+        f"{time.strftime('%Y-%m-%d')})")
     EXPECTED_ERROR_PATH.write_text(json.dumps(table, indent=1) + "\n")
     print(f"wrote {EXPECTED_ERROR_PATH}")
 

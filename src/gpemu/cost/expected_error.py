@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -139,6 +141,23 @@ def published_bias(gpu_key: str, model_kind: str = "vision") -> PublishedBias | 
     return PublishedBias(gpu_key, model_kind, int(entry["rows"]), float(entry["signed_median_pct"]),
                          float(entry["median_abs_pct"]),
                          str(entry.get("basis") or table.get("published_note", "expected_error.json")))
+
+
+def published_by_gpu_entries(rows: Iterable[tuple[str, float]], basis: str | None = None) -> dict[str, dict[str, Any]]:
+    """Return the published_by_gpu entries of (catalog GPU key, signed % error) rows: per GPU the row count, signed
+    median and median |error| (+ = gpemu faster than published), and `basis` when given (Note [Published bias per
+    GPU]); the benches' --write stores them."""
+    errors: dict[str, list[float]] = {}
+    for gpu, error_pct in rows:
+        errors.setdefault(gpu, []).append(float(error_pct))
+    out: dict[str, dict[str, Any]] = {}
+    for gpu, errs in sorted(errors.items()):
+        entry: dict[str, Any] = {"rows": len(errs), "signed_median_pct": round(statistics.median(errs), 2),
+                                 "median_abs_pct": round(statistics.median(abs(e) for e in errs), 2)}
+        if basis is not None:
+            entry["basis"] = basis
+        out[gpu] = entry
+    return out
 
 
 PUBLISHED_KIND_LABELS = {"vision": "image-model training", "vision-inference": "image-model inference",
