@@ -355,6 +355,46 @@ def test_a_forward_that_copies_from_the_host_replays_with_its_copy(emu: gt.Emula
     assert (emu.replay.recorded, emu.replay.replayed) == (5, 2)
 
 
+class _Timestepped(torch.nn.Module):
+    """Takes a 0-d host timestep beside its device input, as diffusers' UNet2DModel in a sampling loop."""
+
+    def __init__(self, uses_on_host: bool = False) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(64, 64)
+        self.uses_on_host = uses_on_host
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        if self.uses_on_host:  # an emulated op given the host tensor itself, no copy of it (as packed lengths)
+            return self.lin(x) * t
+        steps = t[None].to(x.device)  # UNet2DModel: `timesteps[None].to(sample.device)`, 8 bytes (int64)
+        return self.lin(x) + steps.float()[:, None]
+
+
+def test_a_host_tensor_argument_copied_in_forward_joins_the_key_by_its_metadata(emu: gt.Emulation) -> None:
+    model = _Timestepped().cuda()
+    x = torch.randn(8, 64, device="cuda")
+    dev = emu.devices[0]
+    rows = []
+    with torch.no_grad():
+        for t in torch.arange(999, 994, -1):  # five different 0-d host timesteps
+            torch.cuda.synchronize()
+            busy, h2d = dev.busy_s(), dev.stats.h2d_bytes
+            model(x, t)
+            torch.cuda.synchronize()
+            rows.append((dev.busy_s() - busy, dev.stats.h2d_bytes - h2d))
+    # before: a host tensor argument gave no replay key, every call ran per op unrecorded (0, 0); now calls 1-2
+    # record and 3-5 replay whatever the value (Note [Host tensor arguments]), each queuing the 8-byte copy of the timestep
+    assert (emu.replay.recorded, emu.replay.replayed) == (2, 3)
+    assert [r[1] for r in rows] == [8] * 5
+    assert rows[4][0] == pytest.approx(rows[1][0], rel=1e-6)
+    # a host argument the forward hands to an emulated op itself (not a copy) may decide shapes: never replayed
+    other = _Timestepped(uses_on_host=True).cuda()
+    with torch.no_grad():
+        for t in torch.arange(3.0):
+            other(x, t)
+    assert (emu.replay.recorded, emu.replay.replayed) == (5, 3)
+
+
 def test_an_evaluation_loop_with_grad_enabled_replays(emu: gt.Emulation) -> None:
     model = _small().cuda().eval()
     x, y = torch.randn(8, 3, 16, 16, device="cuda"), torch.randint(0, 10, (8,), device="cuda")

@@ -249,7 +249,7 @@ def known_sources(t: torch.Tensor) -> frozenset[int]:
 # how it was computed from them (Note [Read programs]) and the value read.
 # See Note [Replay with host reads] in replay.py.
 read_sink: Any = None
-# Set with read_sink: copy_sink(nbytes, pinned, non_blocking, out) sees every host-to-device copy in a recorded forward
+# Set with read_sink: copy_sink(nbytes, pinned, non_blocking, out, src) sees every host-to-device copy in a recorded forward
 # (Note [Copies in forward] in replay.py).
 copy_sink: Any = None
 
@@ -321,7 +321,7 @@ def host_to_device(src: torch.Tensor, index: int, non_blocking: bool = False, dt
         return out
     charge_h2d(index, nbytes, pinned, non_blocking)
     if copy_sink is not None:
-        copy_sink(nbytes, pinned, non_blocking, out)
+        copy_sink(nbytes, pinned, non_blocking, out, src)
     if dtype is not None and dtype != src.dtype:
         return run_op(aten._to_copy.default, (out,), {"dtype": dtype})  # type: ignore[no-any-return]
     if nbytes <= KNOWN_VALUE_MAX_BYTES and src.device.type == "cpu":

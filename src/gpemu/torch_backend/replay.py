@@ -131,6 +131,7 @@ class Recording:
     # host-to-device copies in forward: (ops charged before it, bytes, pinned, non_blocking); Note [Copies in forward]
     copies: list[tuple[int, int, bool, bool]] = field(default_factory=list)
     copy_sources: set[int] = field(default_factory=set)  # the emulated tensors those copies made
+    copied_hosts: set[int] = field(default_factory=set)  # host storages those copies read: Note [Host tensor arguments]
     fwd_segments: list[tuple[list[Chunk], tuple[Any, ...] | None]] = field(default_factory=list)
     n_params: int = 0
     fwd_only: bool = False  # its graph died without a backward: Note [Forwards without backward]
@@ -612,6 +613,25 @@ class _GradPlan:
         self.pool: _GradPool | None = None  # See Note [Recycled gradients]
 
 
+# Note [Host tensor arguments]: a top module may be called with a host tensor beside its device inputs, which its
+# forward copies to the device: diffusers' DDPMPipeline / DDIMPipeline call `unet(image, t)` with each 0-d CPU
+# tensor of `scheduler.timesteps`, and UNet2DModel runs `timesteps[None].to(sample.device)`. Such a call had no
+# replay key, so every denoising step ran per op (train_unconditional.py's end-of-epoch sampling of 16 images at
+# 32 px on an emulated A100: ~20 ms of emulator host per step for 6.8 ms of GPU work). A host tensor argument now
+# joins the key by its metadata (shape, strides, dtype), not its value, and a recording is replayable only when the
+# forward copied every host tensor argument to the device (a copy whose source shares the argument's storage:
+# `t[None].to(device)` reads t's): the replay queues that copy (Note [Copies in forward]), and a read of the copied
+# value on the device already makes the recording unreplayable. So a timestep loop replays from its third step
+# whatever the timestep. A host argument the forward uses otherwise (pack_padded_sequence's CPU lengths, whose values
+# decide shapes) keeps every call per op, as before. What gpemu cannot see is host-side control flow on the argument
+# before its copy (`if t > 500:` on the CPU tensor): such a forward would replay the path its recordings took; two
+# recordings must still match op for op before the first replay.
+def _host_argument(t: torch.Tensor) -> bool:
+    """Return True for a plain strided CPU tensor that does not require grad (Note [Host tensor arguments])."""
+    return (type(t) is torch.Tensor and t.device.type == "cpu" and t.layout == torch.strided and not t.requires_grad
+            and not t.is_nested)
+
+
 def _tensor_key(t: EmuTensor) -> tuple[Any, ...]:
     # the device index too: an input on another GPU than the recording's must not replay it (Note [Tensors on two
     # devices] in tensor.py: the per-op path raises as torch does)
@@ -699,9 +719,12 @@ class Replayer:
                              _cuda_backends.math_sdp_enabled())]
         for v in (*args, *kwargs.keys(), *kwargs.values()):
             if isinstance(v, torch.Tensor):
-                if not isinstance(v, EmuTensor):
+                if isinstance(v, EmuTensor):
+                    parts.append(_tensor_key(v))
+                elif _host_argument(v):  # See Note [Host tensor arguments]
+                    parts.append(("host", tuple(v.shape), v.stride(), v.dtype))
+                else:
                     return None
-                parts.append(_tensor_key(v))
             else:
                 try:
                     hash(v)
@@ -771,7 +794,8 @@ class Replayer:
         elif sub is not None and sub[0] == "reads" and sub != read_key:
             rec.ok = False  # the path read more (or other) values than its key: never replay it
 
-    def _copy(self, nbytes: int, pinned: bool, non_blocking: bool, out: torch.Tensor) -> None:
+    def _copy(self, nbytes: int, pinned: bool, non_blocking: bool, out: torch.Tensor,
+              src: torch.Tensor | None = None) -> None:
         """Note one host-to-device copy in the forward being recorded (set as ops.copy_sink)."""
         rec = self._sink_rec
         if rec is None or self._sink is None:
@@ -781,6 +805,8 @@ class Replayer:
             rec.ok = False
         rec.copies.append((pos, nbytes, pinned, non_blocking))
         rec.copy_sources.add(id(out))
+        if src is not None and src.device.type == "cpu":
+            rec.copied_hosts.add(src.untyped_storage().data_ptr())
 
     def _open(self, rec: Recording, ops: list[tuple[str, float, str]], bwd: bool) -> None:
         self._sink, self._sink_rec, self._sink_bwd, self._skipped = ops, rec, bwd, 0
@@ -816,6 +842,9 @@ class Replayer:
             end, peak = win.close()
         self.recorded += 1
         rec.ok = rec.ok and win.clean(len(rec.fwd), rec.reads, rec.copies) and _host_rng_state() == rng_before
+        if rec.ok and any(not isinstance(t, EmuTensor) and t.untyped_storage().data_ptr() not in rec.copied_hosts
+                          for t in inputs):  # See Note [Host tensor arguments]
+            rec.ok = False
         if rec.read_sources:  # reads that depended on host values: which inputs? See Note [Replay with host reads]
             self._file_reads(module, entry, rec, inputs, base, sub)
         leaves, rec.out_spec = _flatten_output(out)
