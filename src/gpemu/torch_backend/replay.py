@@ -622,10 +622,11 @@ class _GradPlan:
 # forward copied every host tensor argument to the device (a copy whose source shares the argument's storage:
 # `t[None].to(device)` reads t's): the replay queues that copy (Note [Copies in forward]), and a read of the copied
 # value on the device already makes the recording unreplayable. So a timestep loop replays from its third step
-# whatever the timestep. A host argument the forward uses otherwise (pack_padded_sequence's CPU lengths, whose values
-# decide shapes) keeps every call per op, as before. What gpemu cannot see is host-side control flow on the argument
-# before its copy (`if t > 500:` on the CPU tensor): such a forward would replay the path its recordings took; two
-# recordings must still match op for op before the first replay.
+# whatever the timestep. A host argument the forward never copies (pack_padded_sequence's CPU lengths, whose values
+# decide shapes) keeps every call per op, as before. What gpemu cannot see is what the forward does with the host
+# argument besides copying it (`if t > 500:` on the CPU tensor, or lengths both copied for a mask and packed): such
+# a forward would replay the path its recordings took; two recordings must still match op for op (same kernels at
+# the same costs) before the first replay, which a value that changes shapes or the path usually prevents.
 def _host_argument(t: torch.Tensor) -> bool:
     """Return True for a plain strided CPU tensor that does not require grad (Note [Host tensor arguments])."""
     return (type(t) is torch.Tensor and t.device.type == "cpu" and t.layout == torch.strided and not t.requires_grad
