@@ -80,6 +80,12 @@ def test_cpu_tensor_meeting_a_cuda_tensor_raises_as_on_a_gpu(emu: gt.Emulation) 
     assert (x * torch.tensor(2.0)).is_cuda and x[torch.tensor([0, 2])].shape == (2, 3)
     x[torch.tensor([1])] = torch.zeros(1, 3, device="cuda")
     x.copy_(torch.ones(5, 3))
+    # Note [Host tensors indexed on the device]: device indices into a host table (a scheduler's `alphas_cumprod[t]`)
+    # raise on a GPU; gpemu returned a (5,)-shaped emulated tensor before
+    table, steps = torch.linspace(1.0, 0.0, 1000), torch.randint(0, 1000, (5,), device="cuda")
+    with pytest.raises(RuntimeError, match="indices should be either on cpu or on the same device"):
+        table[steps]
+    assert table[steps.cpu()].shape == (5,) and table.to("cuda")[steps].is_cuda  # the two fixes a GPU accepts
     logits = torch.randn(50, 4, 30, device="cuda", requires_grad=True)
     lengths_in, lengths_tgt = torch.full((4,), 50, dtype=torch.long), torch.full((4,), 12, dtype=torch.long)
     loss = torch.nn.functional.ctc_loss(logits.log_softmax(2), torch.randint(1, 30, (4, 12)), lengths_in, lengths_tgt)

@@ -434,6 +434,13 @@ _CROSS_DEVICE_OK = frozenset((
 ))
 
 
+# Note [Host tensors indexed on the device]: indexing takes indices on the CPU or on the indexed tensor's device
+# (`cuda_t[cpu_idx]` runs), but not device indices into a host tensor: `cpu_t[cuda_idx]` raises "indices should be
+# either on cpu or on the same device as the indexed tensor (cpu)" (check_indices_on_cpu_or_selfdevice in torch's
+# index meta function). Diffusion code hits it when a scheduler table stays on the host and the timesteps are drawn
+# on the device (`alphas_cumprod[t]`: diffusers moves its table to the device in add_noise first, several other
+# code bases do not and fail on a GPU). aten::index is exempt from the two-devices check, so gpemu returned an
+# emulated tensor there: it now raises torch's error for a host tensor indexed with an emulated index.
 def _device_of(v: Any) -> str | None:
     """Return the device name an op argument puts on a GPU's device check, or None when it is exempt (not a tensor,
     a meta tensor, a 0-dim CPU tensor). See Note [Tensors on two devices]."""
@@ -454,6 +461,10 @@ def _check_devices(func: Any, args: Any, kwargs: Any) -> None:
     devices]); called only for calls whose unwrapping saw a host tensor or a second emulated device."""
     name = func._schema.name
     if name in _CROSS_DEVICE_OK:
+        if name == "aten::index" and _is_host(args[0]) and any(type(i) is EmuTensor for i in args[1] if i is not None):
+            # See Note [Host tensors indexed on the device]
+            raise RuntimeError(f"indices should be either on cpu or on the same device as the indexed tensor (cpu) "
+                               f"(gpemu: in {func}, as a GPU raises it)")
         return
     values = (*args, *kwargs.values()) if kwargs else args
     if name.startswith("aten::_foreach_"):
