@@ -81,3 +81,32 @@ def test_float_value_reads_and_grad_scaler_keeps_stepping() -> None:
         assert emu.float_value == 1.0
     finally:
         gt.uninstall()
+
+
+def test_unscaling_reads_and_writes_every_gradient(emu: gt.Emulation) -> None:
+    # Note [Unscaling gradients]: GradScaler.unscale_ was a fixed 2 us kernel whatever the gradients; it is the traffic
+    # of `_foreach_mul_(grads, inv_scale)`: 4 x 2048 x 2048 fp32 = 64 MiB read and written
+    model = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048, bias=False) for _ in range(4)]).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cuda")
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = model(torch.randn(8, 2048, device="cuda")).float().sum()
+    scaler.scale(loss).backward()
+    dev = emu.devices[0]
+    grads = [p.grad for p in model.parameters()]
+
+    def busy(fn) -> float:  # type: ignore[no-untyped-def]
+        torch.cuda.synchronize()
+        before = dev.busy_s()
+        fn()
+        torch.cuda.synchronize()
+        return dev.busy_s() - before
+
+    found_inf, inv_scale = torch.zeros(1, device="cuda"), torch.ones(1, device="cuda")  # what unscale_ passes
+    unscale_s = busy(lambda: torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale))
+    mul_s = busy(lambda: torch._foreach_mul_(grads, 0.5))
+    assert unscale_s == pytest.approx(mul_s, rel=1e-6)
+    # 128 MiB of traffic on the V100's 900 GB/s: well over 0.1 ms (it was 2 us)
+    assert unscale_s > 134e6 / 900e9
+    scaler.unscale_(opt)  # the scaler's own call reaches the same op
+    assert found_inf.item() == 0 and scaler._found_inf_per_device(opt)[torch.device("cuda", 0)].item() == 0

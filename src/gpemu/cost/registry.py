@@ -333,6 +333,16 @@ def _nll_loss_bwd(args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> OpCo
     return OpCost(n, _nbytes(x) + n * x.element_size() + _nbytes(target), "elementwise", dtype_key(x.dtype))
 
 
+# GradScaler.unscale_ is one multi-tensor kernel over every gradient: it reads each, multiplies it by 1/scale in place
+# and notes any non-finite value, the traffic of `_foreach_mul_(grads, inv_scale)` (Note [Unscaling gradients] in
+# torch_backend/ops.py).
+@register_cost(aten._amp_foreach_non_finite_check_and_unscale_)
+def _amp_unscale(args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> OpCost:
+    grads = _tensors(args[0])
+    n = sum(g.numel() for g in grads)
+    return OpCost(n, 2 * sum(_nbytes(g) for g in grads), "optimizer", dtype_key(grads[0].dtype) if grads else "fp32")
+
+
 # -- everything else by name ---------------------------------------------------------------------------------------
 _REDUCTIONS = {"sum", "mean", "amax", "amin", "max", "min", "var", "std", "var_mean", "norm", "linalg_vector_norm",
                "argmax", "argmin", "prod", "logsumexp", "all", "any"}
