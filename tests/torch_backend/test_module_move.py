@@ -78,3 +78,22 @@ def test_dtype_moves_on_the_device_do_not_warn_about_identity(emu: gt.Emulation,
         model.float()
     assert model[0].weight is weight and weight.dtype == torch.float32  # parameters keep their identity
     assert isinstance(model[1].running_mean, EmuTensor) and model[1].running_mean.dtype == torch.float32
+
+
+def test_a_dtype_change_on_the_device_changes_compute_and_memory(emu: gt.Emulation) -> None:
+    # Note [Set data]: `model.cuda().half()` sets each parameter's `.data`; the wrappers kept their fp32 meta tensors
+    # and storages, so a half Linear returned fp32 and memory kept the fp32 bytes
+    lin = torch.nn.Linear(1024, 1024).cuda()
+    weight = lin.weight
+    # fp32: 1024 * 1024 * 4 = 4 MiB of weight + 4 KiB of bias (one 512-byte-rounded block: 4096)
+    assert torch.cuda.memory_allocated() == 4 * 2**20 + 4096
+    lin.half()
+    assert lin.weight is weight and weight.dtype == torch.float16  # identity kept, as on a GPU
+    # fp16: 2 MiB + 2 KiB, the fp32 storages freed
+    assert torch.cuda.memory_allocated() == 2 * 2**20 + 2048
+    out = lin(torch.randn(8, 1024, device="cuda", dtype=torch.float16))
+    assert out.dtype == torch.float16  # was torch.float32
+    del out
+    lin.float()  # and back: 4 MiB + 4 KiB again
+    assert torch.cuda.memory_allocated() == 4 * 2**20 + 4096
+    assert lin(torch.randn(8, 1024, device="cuda")).dtype == torch.float32

@@ -112,6 +112,8 @@ class EmuTensor(torch.Tensor):
     def data(self, value: torch.Tensor) -> None:
         # `p.data = q` (Module._apply, channels_last) changes this wrapper's strides without a dispatch: re-key it
         _DATA.__set__(self, value)
+        if type(value) is EmuTensor and value is not self:
+            _set_data(self, value)  # See Note [Set data]
         self._mk = (self.shape, self.stride(), self.dtype, self._index)
 
     @property
@@ -286,6 +288,43 @@ def _on_dead(ref: _StorageRef) -> None:
         emu = state._current
         if emu is not None and rec[2] < len(emu.devices):
             emu.devices[rec[2]].allocator.free(rec[0])
+
+
+# Note [Set data]: `p.data = q` (torch's Module._apply for `.half()`, `.float()`, `.to(dtype)` or
+# `.to(memory_format=...)` of a module already on the device, which keeps each Parameter object) changes the
+# wrapper's dtype and strides, but the wrapper kept its inner meta tensor and its storage record: after
+# `model.cuda().half()` every op still ran on fp32 meta weights (a half Linear returned fp32 outputs, and the next
+# layer died with "Input type (float) and bias type (c10::Half) should be the same": diffusers' UNet2DConditionModel
+# moved to the device and then halved) and memory kept the fp32 bytes. A GPU makes `p` share `q`'s storage: the
+# wrapper now takes `q`'s inner tensor, drops its count on its old storage (freed when nothing else holds it) and
+# counts on `q`'s (its reference records are re-keyed, the old ones neutralised: a storage key can be reused once
+# freed), and takes `q`'s host-known value, if any, instead of its own. A `q` whose storage gpemu does not track
+# (none in practice) only lends its inner tensor.
+def _set_data(t: EmuTensor, value: EmuTensor) -> None:
+    """Make `t` share `value`'s inner tensor and storage record (Note [Set data])."""
+    from gpemu.torch_backend import ops
+
+    t._index = value._index
+    elem = value._elem
+    key = elem.untyped_storage()._cdata
+    rec = _live.get(key)
+    if rec is not None:
+        for ref in [r for r in weakref.getweakrefs(t) if isinstance(r, _StorageRef)]:
+            if ref.key == key:
+                continue
+            _refs.discard(ref)
+            _on_dead(ref)  # this wrapper's count on its old storage
+            ref.key = -1  # its callback, when `t` dies, finds no record
+        if not any(isinstance(r, _StorageRef) and r.key == key for r in weakref.getweakrefs(t)):
+            rec[1] += 1
+            ref = _StorageRef(t, _on_dead)
+            ref.key = key
+            _refs.add(ref)
+    t._elem = elem
+    known = ops.known_value(value)
+    ops._known.pop(id(t), None)
+    if known is not None:
+        ops.set_known_value(t, known.clone())
 
 
 def wrap(elem: torch.Tensor, index: int, requires_grad: bool = False, tag: str = "") -> EmuTensor:
