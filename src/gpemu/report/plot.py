@@ -96,6 +96,7 @@ def plot_reports(reports: Sequence[tuple[str, dict[str, Any]]], out: Path, title
 
         matplotlib.use("Agg")  # files only: no display on a CI machine or a server
         import matplotlib.pyplot as plt
+        import matplotlib.ticker
     except ImportError as exc:
         raise GpemuError("plots need matplotlib: pip install 'gpemu[plots]' (or matplotlib)") from exc
     series = [iteration_series(rep, _label(rep, label)) for label, rep in reports]
@@ -118,6 +119,7 @@ def plot_reports(reports: Sequence[tuple[str, dict[str, Any]]], out: Path, title
             stats.append(f"fetch stall {s.fetch_stall_pct:.0f}%")
         ax.set_title(s.label + ("\n" + " · ".join(stats) if stats else ""), fontsize=9)
         ax.set_xlabel("iteration (faded: warm-up, or last, closed at the final sync; hatched: evaluation)", fontsize=7)
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))  # iterations are whole numbers
         ax.grid(axis="y", alpha=0.3)
     axes[0][0].set_ylabel("wall time per iteration (ms)")
     keys = ["busy", "data", "other"] if any(s.gpu_measured for s in series) else ["data"]
