@@ -87,18 +87,33 @@ def _label(report: dict[str, Any], fallback: str) -> str:
     return " / ".join(str(x) for x in (fallback, gpu, model) if x)
 
 
-def plot_reports(reports: Sequence[tuple[str, dict[str, Any]]], out: Path, title: str | None = None) -> Path:
-    """Draw each (label, report) as a panel of per-iteration stacked bars (Note [Iteration plot]); write `out`."""
-    if not reports:
-        raise GpemuError("no report to plot")
+def _pyplot() -> tuple[Any, Any]:
+    """Return (matplotlib.pyplot, matplotlib.ticker) on the file-only Agg backend, or say how to install them."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")  # files only: no display on a CI machine or a server
         import matplotlib.pyplot as plt
-        import matplotlib.ticker
+        import matplotlib.ticker as ticker
     except ImportError as exc:
         raise GpemuError("plots need matplotlib: pip install 'gpemu[plots]' (or matplotlib)") from exc
+    return plt, ticker
+
+
+def _save(plt: Any, fig: Any, out: Path) -> Path:
+    """Write `fig` to `out` (creating its folder) and release it."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def plot_reports(reports: Sequence[tuple[str, dict[str, Any]]], out: Path, title: str | None = None) -> Path:
+    """Draw each (label, report) as a panel of per-iteration stacked bars (Note [Iteration plot]); write `out`."""
+    if not reports:
+        raise GpemuError("no report to plot")
+    plt, ticker = _pyplot()
     series = [iteration_series(rep, _label(rep, label)) for label, rep in reports]
     fig, axes = plt.subplots(1, len(series), figsize=(max(6.0, 5.0 * len(series)), 4.2), sharey=True, squeeze=False)
     for ax, s in zip(axes[0], series, strict=True):
@@ -119,7 +134,7 @@ def plot_reports(reports: Sequence[tuple[str, dict[str, Any]]], out: Path, title
             stats.append(f"fetch stall {s.fetch_stall_pct:.0f}%")
         ax.set_title(s.label + ("\n" + " · ".join(stats) if stats else ""), fontsize=9)
         ax.set_xlabel("iteration (faded: warm-up, or last, closed at the final sync; hatched: evaluation)", fontsize=7)
-        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))  # iterations are whole numbers
+        ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))  # iterations are whole numbers
         ax.grid(axis="y", alpha=0.3)
     axes[0][0].set_ylabel("wall time per iteration (ms)")
     keys = ["busy", "data", "other"] if any(s.gpu_measured for s in series) else ["data"]
@@ -130,11 +145,7 @@ def plot_reports(reports: Sequence[tuple[str, dict[str, Any]]], out: Path, title
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout(rect=(0, 0.07, 1, 1))
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, out)
 
 
 # Note [Batch sweep plot]: `gpemu predict --plot` answers the question a single figure cannot: where does this model
@@ -183,14 +194,7 @@ def plot_batch_sweep(points: Sequence[SweepPoint], device_mib: float, out: Path,
     """Draw a predict sweep (Note [Batch sweep plot]) into `out`."""
     if not points:
         raise GpemuError("no batch size to plot")
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        import matplotlib.ticker
-    except ImportError as exc:
-        raise GpemuError("plots need matplotlib: pip install 'gpemu[plots]' (or matplotlib)") from exc
+    plt, ticker = _pyplot()
     points = sorted(points, key=lambda p: p.batch_size)
     fig, ax = plt.subplots(figsize=(7.0, 4.2))
     xs = [p.batch_size for p in points]
@@ -226,15 +230,11 @@ def plot_batch_sweep(points: Sequence[SweepPoint], device_mib: float, out: Path,
             ax.annotate(f"batch {asked_batch}: {asked.samples_per_s:,.0f}/s", (asked_batch, asked.samples_per_s),
                         textcoords="offset points", xytext=(6, -12), fontsize=7)
     ax.set_xscale("log", base=2)
-    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _pos: f"{v:g}"))
+    ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _pos: f"{v:g}"))
     ax.set_xlabel("batch size")
     ax.set_ylabel("samples / s")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, out)
