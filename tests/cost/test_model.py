@@ -364,3 +364,99 @@ def test_bf16_convolutions_before_ampere_run_the_im2col_gemm_lowering() -> None:
     kern = kernel_seconds(ops.flops, ops.bytes, spec_columns(ops, v100, 0.7), timed.shared, params.factors(v100),
                           conv_batch=ops.conv_batch)
     assert kern.tolist() == pytest.approx([7e-3 + 1e-6, lowered_s + 128e-6])
+
+
+def test_tensor_core_convolutions_take_the_gpu_factor_t_and_gemms_do_not() -> None:
+    # Note [Tensor-core convolution factor]: a compute-bound fp16 convolution on tensor cores runs at
+    # peak * tc_eff * t; a GEMM of the same FLOPs ignores t.
+    from dataclasses import replace
+
+    from gpemu.cost.registry import OpCost
+    from gpemu.cost.roofline import cost_time_s
+
+    base = load_params()
+    h100 = get_gpu("h100-sxm5-80gb")
+    per_gpu = {**base.per_gpu, h100.key: {"a": 1.0, "b": 1.0, "c": 1.0, "t": 0.5}}
+    halved = replace(base, per_gpu=per_gpu)
+    unit = replace(base, per_gpu={**base.per_gpu, h100.key: {"a": 1.0, "b": 1.0, "c": 1.0, "t": 1.0}})
+    p = base.shared
+    # 256 x 256 x 3x3 on 128 x 56 x 56: 2 * 128*56*56 * 256*256*9 = 473.6 GFLOP, 0.64 ms at 989.5 TFLOPS x 0.75
+    conv = OpCost(2 * 128 * 56 * 56 * 256 * 256 * 9, 3 * 128 * 256 * 56 * 56 * 2, "conv", "fp16", tensor_core=True)
+    t1 = cost_time_s(conv, "convolution", h100, unit) - p["k0"]
+    t_half = cost_time_s(conv, "convolution", h100, halved) - p["k0"]
+    assert t_half == pytest.approx(2 * t1, rel=1e-9)
+    gemm = OpCost(conv.flops, conv.bytes, "matmul", "fp16", tensor_core=True)
+    assert cost_time_s(gemm, "mm", h100, halved) == pytest.approx(cost_time_s(gemm, "mm", h100, unit), rel=1e-12)
+
+
+def test_an_unfitted_gpu_borrows_t_from_its_nearest_fitted_one() -> None:
+    # Note [Borrowed factors]: the H100 has no rows of its own; it takes a, b and t of the nearest fitted GPU
+    from dataclasses import replace
+
+    base = load_params()
+    fitted = replace(base, per_gpu={**base.per_gpu, "h200-sxm-141gb": {"a": 0.9, "b": 0.8, "c": 0.7, "t": 0.6}},
+                     not_lent=frozenset())
+    f = fitted.factors(get_gpu("h100-sxm5-80gb"))
+    assert fitted.factor_source(get_gpu("h100-sxm5-80gb")) == "h200-sxm-141gb"
+    assert (f["a"], f["b"], f["t"], f["c"]) == (0.9, 0.8, 0.6, 1.0)  # the host factor stays the average
+    # a GPU fitted with --add-gpu serves itself only (Note [Fitting a newly measured GPU] in calibrate.py)
+    own_only = replace(fitted, not_lent=frozenset({"h200-sxm-141gb"}))
+    assert own_only.factor_source(get_gpu("h100-sxm5-80gb")) != "h200-sxm-141gb"
+    assert own_only.factors(get_gpu("h200"))["t"] == 0.6
+
+
+def test_attention_shape_scale_follows_the_h200_table() -> None:
+    # Note [Attention kernels on Hopper]: 1 for a flash forward at head dim 128 without a mask; (64/128)^0.65 = 0.637
+    # at head dim 64; x0.72 causal (FLOPs already halved), x0.72 backward, x0.5 memory-efficient backend.
+    from gpemu.cost.model import attention_shape_scale
+
+    q128, q64 = (2, 16, 4096, 128), (2, 16, 4096, 64)
+    full128 = 4 * 2 * 16 * 4096 * 4096 * 128  # 2 * B*H*S*S*D for Q K^T plus the same for P V
+    full64 = full128 / 2
+    fwd = "_scaled_dot_product_flash_attention"
+    assert attention_shape_scale(fwd, [q128, q128, q128], full128) == pytest.approx(1.0)
+    assert attention_shape_scale(fwd, [q64, q64, q64], full64) == pytest.approx(0.5**0.65)
+    assert attention_shape_scale(fwd, [q64, q64, q64], full64 / 2) == pytest.approx(0.5**0.65 * 0.72)  # causal
+    bwd = "_scaled_dot_product_flash_attention_backward"  # inputs: grad_out, q, k, v, out, logsumexp
+    assert attention_shape_scale(bwd, [q128, q128, q128, q128, q128], 2.5 * full128) == pytest.approx(0.72)
+    eff = "_scaled_dot_product_efficient_attention"
+    assert attention_shape_scale(eff, [q128, q128, q128], full128) == pytest.approx(0.5)
+
+
+def test_attention_scale_applies_on_hopper_only() -> None:
+    from gpemu.cost.registry import OpCost
+    from gpemu.cost.roofline import cost_time_s
+
+    params = load_params()
+    k0 = params.shared["k0"]
+    # 2.2 TFLOP of attention: compute-bound on both GPUs
+    attn = OpCost(2.2e12, 1e8, "attention", "bf16", tensor_core=True)
+    for gpu, expected in (("h100-sxm5-80gb", 2.0), ("a100-sxm4-80gb", 1.0)):
+        spec = get_gpu(gpu)
+        whole = cost_time_s(attn, "_scaled_dot_product_flash_attention", spec, params) - k0
+        half = cost_time_s(attn, "_scaled_dot_product_flash_attention", spec, params, attn_scale=0.5) - k0
+        assert half / whole == pytest.approx(expected, rel=1e-6)
+
+
+def test_hopper_16_bit_nchw_convolutions_pay_their_transposes() -> None:
+    # Note [NCHW convolutions on Hopper]: an fp16 NCHW forward transposes x and y on cc 9.x, none on an A100
+    # (Note [NCHW forward on cuDNN 9]); TF32 stays layout-neutral on both; the backward transposes dy, x, dx on both.
+    from gpemu.cost.model import LAYOUT_NCHW, transposed_tensors
+
+    h100, a100 = get_gpu("h100-sxm5-80gb"), get_gpu("a100-sxm4-80gb")
+    assert transposed_tensors(h100, "fp16", True, LAYOUT_NCHW, backward=False) == 2
+    assert transposed_tensors(a100, "fp16", True, LAYOUT_NCHW, backward=False) == 0
+    assert transposed_tensors(h100, "fp32", True, LAYOUT_NCHW, backward=False) == 0
+    assert transposed_tensors(h100, "fp16", True, LAYOUT_NCHW, backward=True) == 3
+
+
+def test_hopper_fp32_gemms_are_priced_at_three_quarters_of_peak() -> None:
+    # Note [FP32 GEMMs on Hopper]: an IEEE fp32 GEMM's CUDA-core peak is 67 TFLOPS x 0.75 / 0.9 on an H100, so with
+    # e_matmul's 0.9 it runs at 0.75 of the datasheet; a convolution keeps the full fp32 peak, and an A100 too.
+    from gpemu.cost.model import peak_flops
+
+    h100, a100 = get_gpu("h100-sxm5-80gb"), get_gpu("a100-sxm4-80gb")
+    ratio = h100.load_clock_ratio
+    assert peak_flops(h100, "fp32", "matmul", False) == pytest.approx(67e12 * 0.75 / 0.9 * ratio, rel=0.01)
+    assert peak_flops(h100, "fp32_ieee", "conv", False) == pytest.approx(67e12 * ratio, rel=0.01)  # TF32 off
+    assert peak_flops(a100, "fp32", "matmul", False) == pytest.approx(19.5e12 * a100.load_clock_ratio, rel=0.01)

@@ -50,15 +50,15 @@ def test_unfitted_gpu_borrows_the_nearest_fitted_factors() -> None:
     assert params.factor_source(a100) == "v100-pcie-32gb"  # sm_80 is 1.0 from sm_70, 4.3 from sm_37
     # the device factors a, b come from the V100; the host factor c belongs to the machine that measured the V100,
     # so the A100 gets the fleet-average host 1.0 (Note [Borrowed factors])
-    assert params.factors(a100) == {"a": 1.1, "b": 1.2, "c": 1.0}
+    assert params.factors(a100) == {"a": 1.1, "b": 1.2, "c": 1.0, "t": 1.0}
     assert params.factors(get_gpu("k80"))["a"] == 0.8  # a fitted GPU keeps its own
-    assert params.factors(a100, use_per_gpu=False) == {"a": 1.0, "b": 1.0, "c": 1.0}
-    assert CostParams({}).factors(a100) == {"a": 1.0, "b": 1.0, "c": 1.0}  # nothing fitted: the fleet prior
+    assert params.factors(a100, use_per_gpu=False) == {"a": 1.0, "b": 1.0, "c": 1.0, "t": 1.0}
+    assert CostParams({}).factors(a100) == {"a": 1.0, "b": 1.0, "c": 1.0, "t": 1.0}  # nothing fitted: the fleet prior
 
 
 def test_borrow_factors_takes_device_factors_only() -> None:
     params = CostParams({}, {"v100-pcie-32gb": {"a": 1.1, "b": 1.2, "c": 0.9}})
     borrowed = borrow_factors(params, "quadro-rtx-6000", "v100-pcie-32gb")
     assert borrowed.per_gpu["quadro-rtx-6000"] == {"a": 1.1, "b": 1.2}
-    assert borrowed.factors(get_gpu("quadro-rtx-6000")) == {"a": 1.1, "b": 1.2, "c": 1.0}
+    assert borrowed.factors(get_gpu("quadro-rtx-6000")) == {"a": 1.1, "b": 1.2, "c": 1.0, "t": 1.0}
     assert borrowed.per_gpu["v100-pcie-32gb"]["c"] == 0.9  # the source keeps its own host factor

@@ -42,3 +42,36 @@ def test_gpu_key_and_provenance() -> None:
     assert source.startswith("gpemu-profile v0.1.0 dry-run; gpu=cpu ")
     for field in ("driver=", "cuda=", "torch=", "cpu=", "date=", "reps=20"):
         assert field in source
+
+
+def test_lease_plan_puts_the_core_first_and_covers_the_rest() -> None:
+    # Note [Lease plan]: a short GPU lease measures the core (18 models, fp32 + amp, batch 16/64/256, ops at 64),
+    # then the language models, then batch 1, then the rest of the GPEmu set.
+    passes = campaign_passes(plan="lease")
+    assert [p.name for p in passes[:4]] == ["core", "lm", "host-floor", "rest"]
+    assert passes[0].batch_sizes == (16, 64, 256) and passes[0].op_batch_sizes == (64,)
+    assert len(passes[0].models) == 18 and {"vit_b_16", "convnext_tiny", "resnet50"} <= set(passes[0].models)
+    covered = {m for p in passes for m in p.models}
+    assert set(GPEMU_VISION_MODELS) | set(LANGUAGE_MODELS) <= covered
+    with pytest.raises(KeyError, match="lease"):
+        campaign_passes(plan="leese")
+
+
+def test_profiling_an_emulated_gpu_is_not_a_measurement(tmp_path: Path) -> None:
+    # Note [Profiling an emulated GPU]: rows written under gpemu's emulation are predictions, measured=0.
+    import gpemu.torch_backend as gt
+    from gpemu.profiler.runner import ProfileConfig, Profiler
+    from gpemu.profiles.native import read_profile_csv
+
+    gt.install("h200")
+    try:
+        prov = collect()
+        assert prov.emulated and prov.measured == 0 and "emulated" in prov.source()
+        config = ProfileConfig(models=["tiny-mlp"], batch_sizes=[2], dtypes=["fp32"], out_dir=tmp_path, warmup=0,
+                               reps=1, ops=False, transfers=False)  # fmt: skip
+        Profiler(config).run(show_progress=False)
+    finally:
+        gt.uninstall()
+    rows = read_profile_csv(tmp_path / "h200-sxm-141gb.csv")
+    assert len(rows) > 0 and (rows["measured"] == 0).all()
+    assert rows["source"].str.contains("emulated").all()

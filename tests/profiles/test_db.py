@@ -126,3 +126,18 @@ def test_lookup_without_warning(gappy: ProfileDB) -> None:
     assert est.kind == "extrapolated"
     with pytest.warns(GpemuWarning):  # the silent probe did not use up the once-per-key warning
         gappy.lookup("v100", "toy", "forward", 64)
+
+
+def test_builtin_h200_profile_is_measured_and_can_be_held_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The H200 profile measured on 2026-11-27 (bench/data/h200-2026-11-27) ships in the package: resnet50's fp32
+    # forward at batch 256 took 39.2 ms there (median of 12 timed steps).
+    from gpemu.hardware import get_gpu
+    from gpemu.profiles.db import builtin_profile_paths
+
+    assert any(p.name == "h200-sxm-141gb.csv" for p in builtin_profile_paths())
+    db = ProfileDB.from_paths(builtin_profile_paths())
+    est = db.lookup(get_gpu("h200"), "resnet50", "forward", 256, "fp32")
+    assert est.kind == "measured" and est.value == pytest.approx(0.0392, rel=0.01)
+    assert "NVIDIA H200" in est.source and "2026-11-27" in est.source
+    monkeypatch.setenv("GPEMU_BUILTIN_PROFILES", "0")  # held-out checks: the cost model alone
+    assert builtin_profile_paths() == []

@@ -96,3 +96,30 @@ def test_an_identified_model_follows_the_flags(flags: None) -> None:
     # resnet18's one GEMM (the classifier) barely moves the phase-predicted step
     assert tf32_s == pytest.approx(default_s, rel=0.05)
     assert ieee_s > 0
+
+
+def test_flags_changed_between_bare_ops_are_seen_at_the_sync(flags: None) -> None:
+    # Note [TF32 flags between ops]: the same 4096^3 fp32 GEMM timed under TF32 and then IEEE, no module call between
+    # (a micro-benchmark). Before the fix the IEEE loop reused the TF32 price (0.37 ms on an H200 where the card took
+    # 2.82 ms). A100: TF32 137.4 GFLOP / (156 TFLOPS x tc_eff ~0.75) ~1.2 ms; IEEE on CUDA cores 5x slower or more.
+    emu = gt.install("a100")
+    try:
+        dev = emu.devices[0]
+        x = torch.randn(4096, 4096, device="cuda")
+
+        def busy() -> float:
+            torch.cuda.synchronize()
+            before = dev.busy_s()
+            x @ x
+            torch.cuda.synchronize()
+            return dev.busy_s() - before
+
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
+        tf32 = busy()
+        torch.backends.cuda.matmul.fp32_precision = "ieee"
+        ieee = busy()
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
+        assert ieee / tf32 > 5
+        assert busy() == pytest.approx(tf32, rel=1e-6)
+    finally:
+        gt.uninstall()

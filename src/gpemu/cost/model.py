@@ -41,8 +41,15 @@ SHARED_PARAMS: tuple[str, ...] = (
     "m_other", "m_elementwise_bwd", "m_norm_bwd", "m_other_bwd", "mem_lat_cycles", "k0", "h", "h_bwd", "h_view", "t0",
     "t0_bwd", "bn_plane_half", "m_conv", "m_conv_bwd", "group_width_half",
 )
-PER_GPU_PARAMS: tuple[str, ...] = ("a", "b", "c")  # compute, memory and host factors
-BORROWED_PARAMS: tuple[str, ...] = ("a", "b")  # what an unfitted GPU takes from its nearest fitted one (not the host)
+# Note [Tensor-core convolution factor]
+# Tensor-core kernels are priced at tc_eff of the tensor peak (Note [Tensor-core efficiency]), fitted on published
+# GEMM throughputs, with no per-GPU factor: a and b apply to CUDA-core compute and to memory. Convolutions on tensor
+# cores reach less than a GEMM (an H200 ran ResNet-50's fp16 channels_last 3x3 convolutions at 0.43-0.67 of its
+# peak, its large GEMMs at 0.78; bench/data/h200-2026-11-27/micro.csv), so a measured GPU may carry a fourth factor
+# t on the efficiency of its tensor-core convolutions (never GEMMs or attention), fitted with the others by
+# `calibrate --add-gpu` (Note [Fitting a newly measured GPU] in calibrate.py). Every packaged GPU has t = 1.
+PER_GPU_PARAMS: tuple[str, ...] = ("a", "b", "c", "t")  # compute, memory, host, tensor-core convolution factors
+BORROWED_PARAMS: tuple[str, ...] = ("a", "b", "t")  # what an unfitted GPU takes from its nearest fitted one (not the host)
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,8 @@ class CostParams:
     # streaming]; fitted on published vector-kernel bandwidths (fitted.json); 0 = off (the fp32 fit's m_c apply)
     tc_eff_half_rate: float = 0.0  # tc_eff of GPUs with half-rate tensor cores (Note [Half-rate tensor cores]);
     # 0 = tc_eff
+    not_lent: frozenset[str] = frozenset()  # GPUs whose factors serve themselves only (Note [Fitting a newly
+    # measured GPU] in calibrate.py): fitted with --add-gpu, never borrowed by another GPU
 
     def tc_eff_for(self, spec: GPUSpec) -> float:
         """Return the share of `spec`'s tensor peak a large GEMM reaches (Note [Half-rate tensor cores])."""
@@ -83,7 +92,7 @@ class CostParams:
         """Return the catalog key whose fitted factors `spec` uses (itself, the nearest fitted GPU, or None)."""
         if spec.key in self.per_gpu:
             return spec.key
-        return nearest(spec, self.per_gpu)
+        return nearest(spec, [k for k in self.per_gpu if k not in self.not_lent])
 
     def to_json(self) -> dict[str, Any]:
         """Return the JSON object stored in fitted.json."""
@@ -110,7 +119,8 @@ def load_params() -> CostParams:
     data = json.loads(text)
     shared = {**DEFAULT_SHARED, **data["shared"]}
     return CostParams(shared, data.get("per_gpu", {}), float(data.get("tc_eff", 0.5)), str(data.get("note", "")),
-                      float(data.get("m_stream", 0.0)), float(data.get("tc_eff_half_rate", 0.0)))
+                      float(data.get("m_stream", 0.0)), float(data.get("tc_eff_half_rate", 0.0)),
+                      frozenset(data.get("per_gpu_notes", {})))
 
 
 def has_tensor_cores(spec: GPUSpec) -> bool:
@@ -161,9 +171,55 @@ FUSED_ATTENTION_EFF_HOPPER = 0.35
 def fused_attention_eff(spec: GPUSpec, tc_eff: float) -> float:
     """Return the fraction of the tensor peak a fused attention kernel reaches on `spec` (Note [Fused attention
     efficiency]), never above tc_eff."""
-    warpgroup_gemms = (9, 0) <= tuple(spec.compute_capability) < (12, 0)
-    eff = FUSED_ATTENTION_EFF_HOPPER if warpgroup_gemms else FUSED_ATTENTION_EFF
+    eff = FUSED_ATTENTION_EFF_HOPPER if warpgroup_gemms(spec) else FUSED_ATTENTION_EFF
     return min(tc_eff, eff)
+
+
+def warpgroup_gemms(spec: GPUSpec) -> bool:
+    """Return True where GEMMs use warpgroup MMA (Hopper) or tcgen05 (datacenter Blackwell): cc 9.0 to 11.x."""
+    return (9, 0) <= tuple(spec.compute_capability) < (12, 0)
+
+
+# Note [Attention kernels on Hopper]
+# FUSED_ATTENTION_EFF_HOPPER (0.35, FlashAttention-3's figure for FlashAttention-2 on an H100) is what an H200 measured
+# for the flash backend's forward at head dim 128 over long sequences (0.33-0.35 of 989.5 TFLOPS; bench/data/
+# h200-2026-11-27/micro.csv, torch 2.11's flash and memory-efficient SDPA backends, bf16 and fp16, 1-32 x 12-16
+# heads, 128-4,096 tokens). Everything else there ran slower, and 0.35 priced it up to 2-4x too fast (the memory-
+# efficient backend's 4,096-token forward 676 TFLOP/s emulated, 116 measured). Four factors, each read off that
+# table (medians over the long-sequence rows, sequence >= 1,024), scale it on these GPUs:
+#   head dim d < 128   (d / 128) ** 0.65   forward at d = 64: 0.21-0.27 against 0.33-0.35 at d = 128
+#   causal             0.72                with the FLOPs already halved: masked tiles still cost, work is unbalanced
+#   backward           0.72                FA2's backward (five matmuls, atomics for dQ) against its forward
+#   memory-efficient   0.5                 xformers' CUTLASS kernel, Ampere mma.sync, half the flash kernel
+# The 28 long-sequence points land within 0.78-1.3x of the rule (it was 1.0-4.1x before). Short sequences (128-512
+# tokens) run further below it: their kernels are latency-bound, which k0 and the memory time cover only in part.
+# Not applied before Hopper: FUSED_ATTENTION_EFF (0.60) is the FlashAttention-2 paper's average over such shapes on an
+# A100 and has no table of its own here.
+ATTN_HEAD_DIM_EXP = 0.65
+ATTN_CAUSAL = 0.72
+ATTN_BACKWARD = 0.72
+ATTN_MEM_EFFICIENT = 0.5
+
+
+def attention_shape_scale(name: str, in_shapes: Sequence[Sequence[int]], flops: float) -> float:
+    """Return the factor Note [Attention kernels on Hopper] puts on a fused attention op's efficiency, from its aten
+    name, its input shapes (q first; the backward's grad_out first, then q) and its FLOPs (causal ones are halved)."""
+    backward = name.endswith("_backward")
+    q = in_shapes[1] if backward and len(in_shapes) > 1 else (in_shapes[0] if in_shapes else ())
+    k = in_shapes[2] if backward and len(in_shapes) > 2 else (in_shapes[1] if len(in_shapes) > 1 else q)
+    if len(q) < 2 or len(k) < 2:
+        return 1.0
+    d = int(q[-1])
+    full = 4.0 * math.prod(int(x) for x in q[:-1]) * int(k[-2]) * d * (2.5 if backward else 1.0)
+    scale = min(d, 128) / 128 if d > 0 else 1.0
+    scale = scale**ATTN_HEAD_DIM_EXP
+    if full > 0 and flops < 0.75 * full:
+        scale *= ATTN_CAUSAL
+    if backward:
+        scale *= ATTN_BACKWARD
+    if "efficient" in name:
+        scale *= ATTN_MEM_EFFICIENT
+    return scale
 
 
 def uses_tensor_cores(spec: GPUSpec, dtype: str, category: str, tensor_core: bool) -> bool:
@@ -246,7 +302,20 @@ def _boost_peak_flops(spec: GPUSpec, dtype: str, category: str, tensor_core: boo
         if not native or has_tensor_cores(spec):
             return fp32  # no native 16-bit math (bf16 before Ampere)
         return native  # packed half2 on CUDA cores (P100)
+    if category == "matmul" and spec.compute_capability[0] == 9:  # Note [FP32 GEMMs on Hopper]
+        return fp32 * HOPPER_SGEMM_SHARE
     return fp32
+
+
+# Note [FP32 GEMMs on Hopper]
+# An fp32 GEMM without TF32 (torch's default: Note [FP32 math modes] in roofline.py) runs on CUDA cores at e_matmul
+# (0.9, the fit's cap: large SGEMMs reach ~90 % of peak on the GPUs it was fitted on). An H200 reached 0.73-0.75 of
+# its 67 TFLOPS datasheet peak on square 4096-8192 products and 0.67-0.69 on transformer shapes (bench/data/
+# h200-2026-11-27/micro.csv: 48.8-50.5 and 44.6-46.4 TFLOP/s); the Hopper SM's fp32 peak counts 128 FMA lanes per SM
+# that an SGEMM's operand traffic does not keep fed. Priced against 0.75 / 0.9 of the datasheet fp32 peak on compute
+# capability 9.x: the unmodified nn.Transformer language model of bench/gpu_session.sh (fp32, IEEE GEMMs) ran 20 %
+# faster emulated than on the H200 before. Other GPUs with 128 fp32 lanes per SM (GA10x, Ada) are not measured here.
+HOPPER_SGEMM_SHARE = 0.75 / 0.9
 
 
 def _mem_param(category: str) -> str:
@@ -281,6 +350,7 @@ class OpArrays:
     # Ampere]); 0 elsewhere
     conv_batch: np.ndarray | None = None  # dense convolutions: samples (the input's first dimension), 0 elsewhere;
     conv_batch_per_sample: np.ndarray | None = None  # batch-linear like flops (Note [bf16 convolutions before Ampere])
+    attn_scale: np.ndarray | None = None  # fused attention ops: Note [Attention kernels on Hopper]; 1 elsewhere
 
     def at_batch(self, batch_size: float) -> tuple[np.ndarray, np.ndarray]:
         """Return (flops, bytes) at `batch_size` (batch-linear arrays) or the stored ones."""
@@ -309,7 +379,7 @@ class OpArrays:
                         self.bytes[idx], sub(self.flops_per_sample), sub(self.bytes_per_sample), sub(self.views_before),
                         sub(self.plane), sub(self.layout), sub(self.relayout_bytes), sub(self.relayout_bytes_per_sample),
                         sub(self.pointwise), sub(self.group_width), sub(self.out_channels), sub(self.conv_batch),
-                        sub(self.conv_batch_per_sample))
+                        sub(self.conv_batch_per_sample), sub(self.attn_scale))
 
 
 _PHASE_ID = {"forward": 0, "backward": 1, "optimizer": 2}
@@ -391,6 +461,8 @@ def op_arrays(records: Sequence[Any]) -> OpArrays:
                                for r in records], dtype=np.float64),
         conv_batch=np.array([float(_first_shape(r)[0]) if r.category == "conv" and _first_shape(r) else 0.0
                              for r in records], dtype=np.float64),
+        attn_scale=np.array([attention_shape_scale(r.name, getattr(r, "in_shapes", ()), r.flops)
+                             if r.category == "attention" else 1.0 for r in records], dtype=np.float64),
     )
 
 
@@ -402,7 +474,7 @@ class SpecColumns:
     tensor_core: np.ndarray  # bool: priced at tc_eff of the tensor-core peak (Note [Tensor-core efficiency])
     tc_eff: float
     fused_attention: np.ndarray  # bool: tensor-core fused attention, at attention_eff instead (Note [Fused attention
-    attention_eff: float  # efficiency])
+    attention_eff: np.ndarray  # efficiency]), per op: Note [Attention kernels on Hopper]
     stream: np.ndarray  # bool: 16-bit streaming kernels priced at m_stream (Note [16-bit streaming])
     m_stream: float
     relayout_stream: np.ndarray  # bool: a 16-bit convolution's layout transposes also stream at m_stream
@@ -419,10 +491,13 @@ class SpecColumns:
     bw: float
     sm_count: int
     clock_hz: float
+    tc_conv: np.ndarray  # bool: convolutions on tensor cores, their efficiency times f["t"] (Note [Tensor-core
+    # convolution factor])
 
 
 COMPUTE_PARAMS: tuple[str, ...] = ("e_conv", "e_conv_bwd", "e_grouped", "e_grouped_bwd", "e_matmul", "e_conv_1x1",
                                    "e_conv_1x1_bwd")
+CONV_COMPUTE_PARAMS: tuple[int, ...] = (0, 1, 2, 3, 5, 6)  # every COMPUTE_PARAMS index but e_matmul
 
 
 # Note [Pointwise convolutions]
@@ -589,7 +664,7 @@ def native_conv_layout(spec: GPUSpec, dtype: str, tensor_core: bool) -> int:
     if dtype in ("fp16", "bf16") and tensor_core and has_tensor_cores(spec) and spec.peak_tflops.get(dtype, 0.0):
         return LAYOUT_NHWC
     if dtype in ("fp32", "tf32") and spec.peak_tflops.get("tf32", 0.0) > 0:  # TF32 convolutions (Note [Time model])
-        return LAYOUT_NONE
+        return LAYOUT_NONE  # also on Hopper: Note [NCHW convolutions on Hopper]
     return LAYOUT_NCHW
 
 
@@ -602,7 +677,24 @@ def transposed_tensors(spec: GPUSpec, dtype: str, tensor_core: bool, layout: int
         return 0
     if backward:
         return 3
-    return 0 if native == LAYOUT_NHWC else 2
+    return 0 if native == LAYOUT_NHWC and not hopper_nhwc_only(spec) else 2
+
+
+# Note [NCHW convolutions on Hopper]
+# Note [NCHW forward on cuDNN 9]'s transpose-free 16-bit NCHW forward rests on Ampere and Ada rows. On Hopper it does
+# not hold: an H200 with cuDNN 9.19 (bench/data/h200-2026-11-27/micro.csv, ResNet-50's convolutions at batch 128,
+# fp16) ran the 3x3 forwards 1.7-3.0x slower in NCHW than in channels_last (64ch at 56x56: 167 against 69 us; 512ch
+# at 7x7: 81 against 48 us), the 7x7 stem 2.3x, and two small-spatial 1x1 ones 2.8-3.0x, as cuDNN 8 did everywhere;
+# the 1x1 convolutions at 28x28 and above ran the same in both. So on compute capability 9.x a 16-bit NCHW forward
+# pays its two transposes again (x in, y out). Lambda's H100 AMP resnet50 rows (NCHW, cuDNN 8; bench/
+# published_validation.py), no part of this, moved from +21.4 / +40.8 % (PCIe / SXM, + = gpemu too fast) to +9.1 /
+# +26.8 %. The H200's TF32 NCHW convolutions were 1.6-2.0x slower than channels_last too, but pricing them so (TF32
+# NHWC-native on Hopper) took Lambda's H100 TF32 rows from -5.7 / +4.8 % to -27.6 / -19.1 %: conflicting evidence,
+# so TF32 stays layout-neutral (Note [Layout cost]).
+def hopper_nhwc_only(spec: GPUSpec) -> bool:
+    """Return True on Hopper (compute capability 9.x), whose cuDNN tensor-core convolutions are NHWC-only (Note
+    [NCHW convolutions on Hopper])."""
+    return spec.compute_capability[0] == 9
 
 
 STREAM_CATEGORIES = frozenset({"elementwise", "norm", "reduction", "copy"})
@@ -688,7 +780,8 @@ def spec_columns(ops: OpArrays, spec: GPUSpec, tc_eff: float, m_stream: float = 
         tensor_core=on_tc,
         tc_eff=tc_eff,
         fused_attention=on_tc & np.array([c == "attention" for c in ops.category], dtype=bool),
-        attention_eff=fused_attention_eff(spec, tc_eff),
+        attention_eff=fused_attention_eff(spec, tc_eff) * (
+            ops.attn_scale if ops.attn_scale is not None and warpgroup_gemms(spec) else np.ones(n)),
         stream=stream,
         m_stream=m_stream,
         relayout_stream=(relayout > 0) & np.array([streams_physically(spec, d, m_stream) for d in ops.dtype],
@@ -707,6 +800,7 @@ def spec_columns(ops: OpArrays, spec: GPUSpec, tc_eff: float, m_stream: float = 
         bw=spec.load_memory_bw_gbps * 1e9,  # See Note [Sustained clock]
         sm_count=spec.sm_count,
         clock_hz=spec.load_clock_mhz * 1e6,
+        tc_conv=on_tc & np.isin(compute_param, CONV_COMPUTE_PARAMS),
     )
 
 
@@ -773,6 +867,8 @@ def kernel_seconds(flops: Any, nbytes: Any, cols: SpecColumns, p: dict[str, Any]
     if cols.tensor_core.any():  # See Note [Tensor-core efficiency]
         tc = torch.where(torch.as_tensor(cols.fused_attention), torch.as_tensor(cols.attention_eff, dtype=torch.float64),
                          torch.as_tensor(cols.tc_eff, dtype=torch.float64))  # Note [Fused attention efficiency]
+        if cols.tc_conv.any():  # See Note [Tensor-core convolution factor]
+            tc = torch.where(torch.as_tensor(cols.tc_conv), tc * f["t"], tc)
         eff = torch.where(torch.as_tensor(cols.tensor_core), tc, eff)
     compute = (flops + p["w_half"] * cols.sm_count) / (torch.as_tensor(cols.peak) * eff)
     compute = torch.where(has_compute, compute, torch.zeros_like(compute))

@@ -15,6 +15,7 @@ from gpemu.cost.model import (
     LAYOUT_NCHW,
     LAYOUT_NHWC,
     CostParams,
+    attention_shape_scale,
     bn_plane,
     column_bytes_per_flop,
     compute_param_index,
@@ -34,6 +35,7 @@ from gpemu.cost.model import (
     streams_physically,
     transposed_tensors,
     uses_tensor_cores,
+    warpgroup_gemms,
 )
 from gpemu.cost.registry import OpCost, io_bytes, op_cost
 from gpemu.hardware import GPUSpec
@@ -85,11 +87,11 @@ def op_bytes(args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> int:
 
 def cost_time_s(cost: OpCost, name: str, spec: GPUSpec, params: CostParams | None = None,
                 plane: float = math.inf, pointwise: bool = False, group_width: float = 1.0,
-                out_channels: float = 0.0, samples: float = 0.0) -> float:
+                out_channels: float = 0.0, samples: float = 0.0, attn_scale: float = 1.0) -> float:
     """Return the fitted model's kernel seconds for one op's cost on `spec` (0 for views; no launch overhead);
     `plane` is a batch-norm op's H*W (Note [Batch-norm plane size]); `pointwise` marks a 1x1 convolution (Note
     [Pointwise convolutions]); `out_channels` and `samples` a dense convolution's (Note [bf16 convolutions before
-    Ampere])."""
+    Ampere]); `attn_scale` a fused attention op's shape factor (Note [Attention kernels on Hopper])."""
     if cost.category == "view":
         return 0.0
     params = params or load_params()
@@ -109,6 +111,10 @@ def cost_time_s(cost: OpCost, name: str, spec: GPUSpec, params: CostParams | Non
         if on_tc:  # Note [Tensor-core efficiency], Note [Fused attention efficiency]
             tc = params.tc_eff_for(spec)  # Note [Half-rate tensor cores]
             eff = fused_attention_eff(spec, tc) if cost.category == "attention" else tc
+            if cost.category == "attention" and warpgroup_gemms(spec):  # Note [Attention kernels on Hopper]
+                eff *= attn_scale
+            if cidx != COMPUTE_PARAMS.index("e_matmul"):  # See Note [Tensor-core convolution factor] in model.py
+                eff *= f["t"]
         compute = (cost.flops + p["w_half"] * spec.sm_count) / (peak * eff)
     backward = name.endswith(("_backward", "_backward_data"))  # the phase is unknown here; named grads are bwd
     staged = bool(staged_conv(np.array([cidx]), np.array([on_tc]))[0])  # See Note [Staged convolutions]
@@ -222,7 +228,9 @@ def op_time_s(func: Any, args: Sequence[Any], kwargs: dict[str, Any], out: Any, 
     value = cost_time_s(cost, name, spec, plane=plane, pointwise=pointwise,
                         group_width=conv_group_width(name, cost.category, shapes),
                         out_channels=conv_out_channels(name, cost.category, shapes),
-                        samples=float(shapes[0][0]) if cost.category == "conv" and shapes and shapes[0] else 0.0)
+                        samples=float(shapes[0][0]) if cost.category == "conv" and shapes and shapes[0] else 0.0,
+                        attn_scale=attention_shape_scale(name, shapes, cost.flops) if cost.category == "attention"
+                        else 1.0)
     if len(_cache) >= _CACHE_LIMIT:
         _cache.clear()
     _cache[key] = value

@@ -33,12 +33,18 @@ class Provenance:
     cpu: str
     date: str
     dry_run: bool = False
+    emulated: bool = False  # run under gpemu's own emulation: Note [Profiling an emulated GPU]
+
+    @property
+    def measured(self) -> int:
+        """Return the rows' `measured` flag: 1 only for a real GPU (not a dry run, not an emulated one)."""
+        return 0 if self.dry_run or self.emulated else 1
 
     def source(self, **extra: object) -> str:
         """Return the `source` column text: tool version and every provenance fact, `;`-separated."""
         from gpemu import __version__
 
-        tool = f"{TOOL} v{__version__}" + (" dry-run" if self.dry_run else "")
+        tool = f"{TOOL} v{__version__}" + (" dry-run" if self.dry_run else "") + (" emulated" if self.emulated else "")
         parts = [
             tool,
             f"gpu={self.device_name}",
@@ -106,6 +112,21 @@ def nvidia_driver_version(gpu_index: int = 0) -> str:
         return "unknown"
 
 
+# Note [Profiling an emulated GPU]
+# `gpemu run --gpu h200 -- gpemu profile ...` runs the profiler against the emulated device: every figure is then the
+# emulator's prediction in the profile format (bench/op_validation.py compares such per-op files with measured ones).
+# Such rows once came out labelled measured=1 with the emulated GPU's name (session 12 caught it), and a merge would
+# have let them replace real measurements. They are measured=0, "emulated" in the tool field, and the device name
+# says so.
+def _emulating() -> bool:
+    """Return True when gpemu's emulation stands in for CUDA in this process."""
+    try:
+        from gpemu.torch_backend.state import current_emulation
+    except ImportError:  # pragma: no cover - the torch backend always ships with the profiler
+        return False
+    return current_emulation() is not None
+
+
 def collect(gpu_index: int = 0, dry_run: bool = False, gpu_name: str | None = None) -> Provenance:
     """Return the provenance of this machine; on a dry run the "GPU" is the host CPU."""
     date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -116,6 +137,9 @@ def collect(gpu_index: int = 0, dry_run: bool = False, gpu_name: str | None = No
         return Provenance(key, device_name, "none", "none", torch.__version__, cpu, date, dry_run=True)
     device_name = torch.cuda.get_device_name(gpu_index)
     key = gpu_key_for(gpu_name or device_name)
+    if _emulating():  # See Note [Profiling an emulated GPU]
+        return Provenance(key, f"{device_name} (emulated by gpemu)", "none", "emulated", torch.__version__, cpu, date,
+                          emulated=True)
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     cuda = f"{torch.version.cuda}" + (f" cudnn {cudnn}" if cudnn else "")
     return Provenance(key, device_name, nvidia_driver_version(gpu_index), cuda, torch.__version__, cpu, date)

@@ -77,13 +77,13 @@ class RunSummary:
 def _row(prov: Provenance, source: str, workload: str, phase: str, batch: int, dtype: str, value: float,
          unit: str) -> Row:  # fmt: skip
     return {"gpu": prov.gpu_key, "workload": workload, "phase": phase, "batch_size": batch, "dtype": dtype,
-            "value": value, "unit": unit, "measured": 0 if prov.dry_run else 1, "source": source}  # fmt: skip
+            "value": value, "unit": unit, "measured": prov.measured, "source": source}  # fmt: skip
 
 
 def _spread_row(prov: Provenance, source: str, workload: str, phase: str, batch: int, dtype: str, s: Spread) -> Row:
     return {"gpu": prov.gpu_key, "workload": workload, "phase": phase, "batch_size": batch, "dtype": dtype,
             "unit": "s", "n": s.n, "mean": s.mean, "std": s.std, "min": s.min, "p10": s.p10, "p50": s.p50,
-            "p90": s.p90, "max": s.max, "measured": 0 if prov.dry_run else 1, "source": source}  # fmt: skip
+            "p90": s.p90, "max": s.max, "measured": prov.measured, "source": source}  # fmt: skip
 
 
 def _bandwidth_rows(prov: Provenance, source: str, size_bytes: int, copies: dict[str, list[float]]) -> list[Row]:
@@ -94,7 +94,7 @@ def _bandwidth_rows(prov: Provenance, source: str, size_bytes: int, copies: dict
         rows.append({"gpu": prov.gpu_key, "direction": direction, "memory": memory, "size_bytes": size_bytes,
                      "time_s": s.p50, "p10_s": s.p10, "p90_s": s.p90,
                      "bw_gbps": size_bytes / s.p50 / 1e9 if s.p50 > 0 else float("nan"),
-                     "measured": 0 if prov.dry_run else 1, "source": source})  # fmt: skip
+                     "measured": prov.measured, "source": source})  # fmt: skip
     return rows
 
 
@@ -102,7 +102,7 @@ def _op_rows(prov: Provenance, source: str, workload: str, batch: int, dtype: st
     return [{"gpu": prov.gpu_key, "workload": workload, "batch_size": batch, "dtype": dtype, "op": o.op,
              "input_shapes": o.input_shapes, "calls_per_step": o.calls_per_step, "device_time_us": o.device_time_us,
              "self_device_time_us": o.self_device_time_us, "cpu_time_us": o.cpu_time_us,
-             "measured": 0 if prov.dry_run else 1, "source": source} for o in ops]  # fmt: skip
+             "measured": prov.measured, "source": source} for o in ops]  # fmt: skip
 
 
 class Profiler:

@@ -38,7 +38,10 @@ def user_profile_dir() -> Path:
 
 
 def builtin_profile_paths() -> list[Path]:
-    """Return the profile CSVs shipped inside the package (src/gpemu/profiles/builtin/*.csv), sorted."""
+    """Return the profile CSVs shipped inside the package (src/gpemu/profiles/builtin/*.csv), sorted; none when
+    GPEMU_BUILTIN_PROFILES=0 (held-out checks: the cost model alone, as for a GPU nobody measured)."""
+    if os.environ.get("GPEMU_BUILTIN_PROFILES", "1").strip().lower() in ("0", "false", "no", "off"):
+        return []
     root = resources.files("gpemu.profiles").joinpath("builtin")
     if not root.is_dir():
         return []

@@ -13,6 +13,13 @@ from gpemu.device import Stream as TimelineStream
 from gpemu.torch_backend import state
 
 
+def _check_fp32_modes() -> None:
+    """Forget op costs priced under other TF32 flags (Note [TF32 flags between ops] in tensor.py)."""
+    from gpemu.torch_backend.tensor import check_fp32_modes
+
+    check_fp32_modes()
+
+
 def device_index(device: Any = None, optional: bool = True) -> int:
     """Return the emulated device index for a torch.cuda-style device argument (None, int, str, torch.device)."""
     emu = state.require()
@@ -69,6 +76,7 @@ class Stream:
     def synchronize(self) -> None:
         """Block the host until the stream is idle."""
         self._stream.synchronize()
+        _check_fp32_modes()
 
     def wait_event(self, event: Event) -> None:
         """Make later work on this stream wait for `event`."""
@@ -125,6 +133,7 @@ class Event:
     def synchronize(self) -> None:
         """Block the host until the event has completed."""
         self._event.synchronize()
+        _check_fp32_modes()
 
     def elapsed_time(self, end_event: Event) -> float:
         """Return milliseconds between this event and `end_event`."""

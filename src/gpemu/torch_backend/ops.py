@@ -455,9 +455,46 @@ def _copy_(func: Any, args: Any, kwargs: Any) -> Any:
         tmp = host_to_device(src, dst._index, non_blocking)
         return run_op(func, (dst, tmp), {})
     # device -> host into an existing CPU tensor
-    value = device_to_host(src, reason="copy_ to host")
-    dst.copy_(value)
+    if not _zeros_into_host(dst, src):
+        dst.copy_(device_to_host(src, reason="copy_ to host"))
     return dst
+
+
+# Note [D2H into a host buffer]
+# `host_buf.copy_(gpu_tensor)` of a computed tensor made the zeros in a fresh host tensor and then copied them into
+# host_buf: two passes over host memory on the emulating machine, where a GPU's copy engine writes the buffer with
+# no CPU work. On an H200 (bench/data/h200-2026-11-27, micro.csv) a 256 MiB D2H into pinned memory took 4.9 ms (55
+# GB/s); emulated on a 2-core host the same loop took 78 ms (3.4 GB/s): the host passes, not the priced 5.4 ms copy.
+# Now such a copy writes zeros straight into host_buf (one pass), and not at all when this function zeroed that very
+# tensor last and nothing wrote it since (its storage and version counter unchanged): a loop that offloads into a
+# preallocated buffer pays the pass once. Values a hook or a known host copy supply still take the old path.
+_zeroed_host: dict[int, tuple[int, int, int]] = {}  # TensorImpl address -> (data_ptr, bytes, version)
+
+
+def _zeros_into_host(dst: torch.Tensor, src: EmuTensor) -> bool:
+    """Copy computed `src` into host `dst` as zeros in place (Note [D2H into a host buffer]); False when `src` has
+    values to deliver or the copy needs a conversion (the caller then copies through device_to_host)."""
+    emu = state.current_emulation()
+    if (_known_record(src) is not None or _read_answers or emu is None or emu.value_hook is not None
+            or (emu.float_value and src.dtype.is_floating_point) or dst.dtype != src.dtype or dst.shape != src.shape):
+        return False
+    nbytes = _nbytes(src)
+    charge_read(src._index, nbytes, "copy_ to host")
+    if read_sink is not None:
+        read_sink(nbytes, "copy_ to host", frozenset(), None, None)
+    key = dst._cdata  # the TensorImpl: dispatch hands the same tensor over in a new Python object each call
+    try:
+        version = dst._version
+    except RuntimeError:  # an inference tensor keeps no version counter: write every time
+        dst.zero_()
+        return True
+    if _zeroed_host.get(key) != (dst.data_ptr(), nbytes, version):
+        dst.zero_()  # below autograd's in-place key: no bump here
+    if len(_zeroed_host) > 1024:
+        _zeroed_host.clear()
+    # the copy_ this runs inside bumps the counter once on its way out
+    _zeroed_host[key] = (dst.data_ptr(), nbytes, version + 1)
+    return True
 
 
 @_special(aten._local_scalar_dense.default, aten.item.default)  # item: inference tensors reach dispatch with it

@@ -36,7 +36,7 @@ from gpemu.torch_backend.ops import (
     set_nonzero_bound,
 )
 from gpemu.torch_backend.pinned import is_pinned, mark_pinned, pin
-from gpemu.torch_backend.tensor import META, EmuTensor, charge, wrap
+from gpemu.torch_backend.tensor import META, EmuTensor, charge, check_fp32_modes, wrap
 
 _MISSING = object()
 
@@ -351,6 +351,7 @@ def _record_randperm(out: EmuTensor, orig: Callable[..., Any], args: Any, kwargs
 
 def _synchronize(device: Any = None) -> None:
     state.require().devices[cuda_api.device_index(device)].synchronize()
+    check_fp32_modes()  # See Note [TF32 flags between ops]
 
 
 def _mem(method: str) -> Callable[..., Any]:

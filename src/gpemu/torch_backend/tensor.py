@@ -571,6 +571,14 @@ def call_meta(func: Any, uargs: Any, ukwargs: Any) -> Any:
 _fp32_modes: tuple[bool, bool] | None = None
 
 
+# Note [TF32 flags between ops]
+# The op caches key an op by its arguments, not by torch's TF32 flags (reading them costs ~2.7 us, a tenth of the
+# emulator's per-op time), so check_fp32_modes() empties them when the flags changed. It ran at the top-level module
+# calls only, so a script that times bare ops under both settings (`allow_tf32 = True`, time `a @ b`, `allow_tf32 =
+# False`, time it again: a micro-benchmark) kept the TF32 price for the IEEE GEMMs, 6-8x too fast (a 4096^3 fp32
+# matmul on an H200: 0.37 ms where the card took 2.82 ms, bench/data/h200-2026-11-27). The host synchronisation
+# points (torch.cuda.synchronize, Stream.synchronize, Event.synchronize) check too: a flag changed between two timed
+# regions is seen at the sync that closes the first.
 def check_fp32_modes() -> tuple[bool, bool]:
     """Return torch's fp32 math modes; forget cached op costs when they changed since the last call (Note [FP32
     math modes] in cost/roofline.py: a script sets the TF32 flags before its model runs, or between runs)."""
