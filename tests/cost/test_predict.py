@@ -111,3 +111,25 @@ def test_a_vit_at_a_training_batch_prices_its_token_gemms_on_tensor_cores() -> N
 
     forward_s = predict_phase("a100", "vit_b_16", "forward", 64, "amp").value
     assert 0.010 < forward_s < 0.040
+
+
+def test_a_sibling_dtype_on_the_same_gpu_is_the_source() -> None:
+    # Note [A sibling dtype on the same GPU]: an H200 that measured resnet18's fp16 AMP forward (here a made-up
+    # 10 ms at batch 64) prices the bf16 AMP forward as that row x model(amp_bf16) / model(amp), not from the spec.
+    import pandas as pd
+
+    from gpemu.cost.predict import model_phase_seconds, predict_phase
+    from gpemu.hardware import get_gpu
+    from gpemu.profiles.db import ProfileDB
+
+    spec = get_gpu("h200")
+    rows = pd.DataFrame([{"gpu": spec.key, "workload": "resnet18", "phase": "forward", "batch_size": 64,
+                          "dtype": "amp", "value": 0.010, "unit": "s", "measured": 1, "source": "test"}])
+    est = predict_phase(spec, "resnet18", "forward", 64, dtype="amp_bf16", db=ProfileDB.from_rows(rows))
+    ratio = (model_phase_seconds(spec, "resnet18", "forward", [64], "amp_bf16")[0]
+             / model_phase_seconds(spec, "resnet18", "forward", [64], "amp")[0])
+    assert est.path == "scaled-from-dtype:amp"
+    assert est.value == pytest.approx(0.010 * ratio, rel=1e-9)
+    # another GPU does not take the H200's fp16 row as its own sibling
+    other = predict_phase(get_gpu("h100"), "resnet18", "forward", 64, dtype="amp_bf16", db=ProfileDB.from_rows(rows))
+    assert not other.path.startswith("scaled-from-dtype")

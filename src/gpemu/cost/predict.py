@@ -234,11 +234,24 @@ def borrow_factors(params: CostParams, gpu_key: str, from_key: str) -> CostParam
     return replace(params, per_gpu={**params.per_gpu, gpu_key: borrowed})
 
 
+# Note [A sibling dtype on the same GPU]
+# A GPU that measured a model in fp16 AMP but is asked for bf16 AMP (or pure fp16 for pure bf16, and back) has a
+# better source than any other GPU: the same card, the same kernels' shapes, tensor cores of the same rate from
+# Ampere on. Such a phase is its own measured sibling row scaled by model(dtype) / model(sibling) (path
+# "scaled-from-dtype:<sibling>"; before Ampere the model ratio carries bf16's missing tensor cores), ahead of the
+# nearest other GPU. Session 12's timm ViT-B/16 in bf16 on an emulated H200 (measured rows: fp16 AMP) was priced by
+# the spec model at 41.7 ms a step where the card's fp16 AMP row says 34.3 ms, and the unmodified script ran 37.1 ms
+# (bench/data/h200-2026-11-27/dropin-real). `gpemu predict` shows the cross-GPU path's expected error for it.
+DTYPE_SIBLINGS: dict[str, tuple[str, ...]] = {"amp_bf16": ("amp",), "amp": ("amp_bf16",), "bf16": ("fp16",),
+                                              "fp16": ("bf16",)}
+
+
 def predict_phase(gpu: GPUSpec | str, workload: str, phase: str, batch_size: int, dtype: str = "fp32",
                   db: Any | None = None, params: CostParams | None = None,
                   exclude_gpus: Sequence[str] = (), memory_format: str = "nchw") -> Estimate:
-    """Return seconds for one phase: (a) the db's measured/interpolated row, (b) the nearest measured GPU X (Note
-    [Choosing the source GPU]) scaled by model(Y)/model(X) (path "scaled-from:<X>"), or (c) the time model from the
+    """Return seconds for one phase: (a) the db's measured/interpolated row, (a') the same GPU's row in a sibling
+    dtype scaled by the model's dtype ratio (Note [A sibling dtype on the same GPU]), (b) the nearest measured GPU X
+    (Note [Choosing the source GPU]) scaled by model(Y)/model(X) (path "scaled-from:<X>"), or (c) the time model from the
     spec (path "spec-model"). memory_format="channels_last" prices an NHWC model (Note [Layout cost]); measured
     rows are NCHW, so they are then only sources: scaled by model(Y, NHWC) / model(X, NCHW), X may be Y itself."""
     spec = get_gpu(gpu)
@@ -261,6 +274,18 @@ def predict_phase(gpu: GPUSpec | str, workload: str, phase: str, batch_size: int
     own = float(model_phase_seconds(spec, workload, phase, [batch_size], dtype, params,
                                     memory_format=memory_format)[0])
     rows = _db_rows(db) if db is not None else None
+    if rows is not None and src_phase in ("forward", "backward") and spec.key not in exclude_gpus:
+        for sibling in DTYPE_SIBLINGS.get(dtype, ()):  # See Note [A sibling dtype on the same GPU]
+            sib = _measured_on(rows, workload, src_phase, batch_size, sibling).get(spec.key)
+            if sib is None:
+                continue
+            sib_model = float(model_phase_seconds(spec, workload, src_phase, [batch_size], sibling, params)[0])
+            return Estimate(sib * own / sib_model, "s", "predicted", source=f"{spec.key} measured {sib:.6g} s "
+                            f"({src_phase}, {sibling}) x model ratio {dtype} / {sibling} {own / sib_model:.4g}",
+                            path=f"scaled-from-dtype:{sibling}",
+                            details={"from_dtype": sibling, "measured_s": sib, "model_y_s": own,
+                                     "model_x_s": sib_model, "memory_format": memory_format,
+                                     "source_phase": src_phase})
     if rows is not None and src_phase in ("forward", "backward"):
         measured = {k: v for k, v in _measured_on(rows, workload, src_phase, batch_size, dtype).items()
                     if (k != spec.key or not own_row_is_answer) and k not in exclude_gpus}
