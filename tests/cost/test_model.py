@@ -460,3 +460,20 @@ def test_hopper_fp32_gemms_are_priced_at_three_quarters_of_peak() -> None:
     assert peak_flops(h100, "fp32", "matmul", False) == pytest.approx(67e12 * 0.75 / 0.9 * ratio, rel=0.01)
     assert peak_flops(h100, "fp32_ieee", "conv", False) == pytest.approx(67e12 * ratio, rel=0.01)  # TF32 off
     assert peak_flops(a100, "fp32", "matmul", False) == pytest.approx(19.5e12 * a100.load_clock_ratio, rel=0.01)
+
+
+def test_layer_norm_memory_efficiency_ramps_with_its_row_length() -> None:
+    # Note [Layer-norm row length]: R / (R + 590); ViT-B/16's rows of 768: 0.566; ConvNeXt's first stage (96): 0.140
+    from gpemu.cost.model import layer_norm_row_ramp
+    from gpemu.cost.registry import OpCost
+    from gpemu.cost.roofline import cost_time_s
+
+    assert layer_norm_row_ramp("native_layer_norm", (64, 197, 768)) == pytest.approx(768 / 1358)
+    assert layer_norm_row_ramp("native_layer_norm_backward", (64, 56, 56, 96)) == pytest.approx(96 / 686)
+    assert layer_norm_row_ramp("native_batch_norm", (64, 256, 56, 56)) == 1.0
+    params = load_params()
+    h200 = get_gpu("h200")
+    ln = OpCost(5 * 64 * 197 * 768, 2 * 64 * 197 * 768 * 4, "norm", "fp32")  # 77.5 MB through: memory-bound
+    long_row = cost_time_s(ln, "native_layer_norm", h200, params)
+    short_row = cost_time_s(ln, "native_layer_norm", h200, params, row_ramp=0.14)
+    assert short_row > 3 * long_row  # the same bytes in 96-element rows: the card ran them 3.7x slower per byte

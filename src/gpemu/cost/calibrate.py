@@ -68,7 +68,8 @@ def _concat(parts: Sequence[OpArrays]) -> OpArrays:
                     [d for o in parts for d in o.dtype], cat("tensor_core"), cat("phase"), cat("flops"), cat("bytes"),
                     cat("flops_per_sample"), cat("bytes_per_sample"), cat("views_before"),
                     cat("plane"), pointwise=cat("pointwise"), group_width=cat("group_width"),
-                    out_channels=cat("out_channels"), conv_batch=cat("conv_batch"), attn_scale=cat("attn_scale"))
+                    out_channels=cat("out_channels"), conv_batch=cat("conv_batch"), attn_scale=cat("attn_scale"),
+                    row_ramp=cat("row_ramp"))
 
 
 class _GpuBlock:

@@ -351,6 +351,7 @@ class OpArrays:
     conv_batch: np.ndarray | None = None  # dense convolutions: samples (the input's first dimension), 0 elsewhere;
     conv_batch_per_sample: np.ndarray | None = None  # batch-linear like flops (Note [bf16 convolutions before Ampere])
     attn_scale: np.ndarray | None = None  # fused attention ops: Note [Attention kernels on Hopper]; 1 elsewhere
+    row_ramp: np.ndarray | None = None  # layer norms: Note [Layer-norm row length]; 1 elsewhere
 
     def at_batch(self, batch_size: float) -> tuple[np.ndarray, np.ndarray]:
         """Return (flops, bytes) at `batch_size` (batch-linear arrays) or the stored ones."""
@@ -379,7 +380,7 @@ class OpArrays:
                         self.bytes[idx], sub(self.flops_per_sample), sub(self.bytes_per_sample), sub(self.views_before),
                         sub(self.plane), sub(self.layout), sub(self.relayout_bytes), sub(self.relayout_bytes_per_sample),
                         sub(self.pointwise), sub(self.group_width), sub(self.out_channels), sub(self.conv_batch),
-                        sub(self.conv_batch_per_sample), sub(self.attn_scale))
+                        sub(self.conv_batch_per_sample), sub(self.attn_scale), sub(self.row_ramp))
 
 
 _PHASE_ID = {"forward": 0, "backward": 1, "optimizer": 2}
@@ -463,6 +464,7 @@ def op_arrays(records: Sequence[Any]) -> OpArrays:
                              for r in records], dtype=np.float64),
         attn_scale=np.array([attention_shape_scale(r.name, getattr(r, "in_shapes", ()), r.flops)
                              if r.category == "attention" else 1.0 for r in records], dtype=np.float64),
+        row_ramp=np.array([layer_norm_row_ramp(r.name, _first_shape(r)) for r in records], dtype=np.float64),
     )
 
 
@@ -493,6 +495,7 @@ class SpecColumns:
     clock_hz: float
     tc_conv: np.ndarray  # bool: convolutions on tensor cores, their efficiency times f["t"] (Note [Tensor-core
     # convolution factor])
+    row_ramp: np.ndarray  # layer norms' row-length factor on memory efficiency (Note [Layer-norm row length])
 
 
 COMPUTE_PARAMS: tuple[str, ...] = ("e_conv", "e_conv_bwd", "e_grouped", "e_grouped_bwd", "e_matmul", "e_conv_1x1",
@@ -801,6 +804,7 @@ def spec_columns(ops: OpArrays, spec: GPUSpec, tc_eff: float, m_stream: float = 
         sm_count=spec.sm_count,
         clock_hz=spec.load_clock_mhz * 1e6,
         tc_conv=on_tc & np.isin(compute_param, CONV_COMPUTE_PARAMS),
+        row_ramp=ops.row_ramp if ops.row_ramp is not None else np.ones(n),
     )
 
 
@@ -816,6 +820,30 @@ def _t(x: Any) -> torch.Tensor:
 # bn_plane_half (elements) is fitted and shared by every GPU. Without it the single per-byte batch-norm cost was set
 # by the ResNets' and DenseNets' small planes and overpriced the VGG-BN models' big ones (their backward predicted
 # 40-55 % too slow in-sample, vs 20-30 % for the same VGGs without batch norm).
+# Note [Layer-norm row length]
+# A layer norm reduces each row of its normalised (last) dimension; a short row leaves most of a thread block idle
+# and the kernel far from the bandwidth a long one reaches. An H200 (bench/data/h200-2026-11-27, torch.profiler
+# kernel times of ViT-B/16, Swin-T, ConvNeXt-T, BERT-base and GPT-2 at batch 16-64, fp32 and AMP alike: autocast runs
+# layer norm in fp32) streamed the forward at 490 / 866 / 1,470 / 1,810-2,040 / 2,650 GB/s for rows of 96 / 192 /
+# 384 / 768 / 1,536 elements: R / (R + 590) of one ceiling within 10 % everywhere, and the backward the same way (447
+# / 783 / 1,190-1,380 / 1,680 GB/s from 192 elements; its 96-element row ran faster, another kernel). The op-level
+# check had layer norm 3-4x faster than the card (bench/op_validation.py: 0.22-0.31 of the measured time). So a
+# layer norm's memory efficiency carries the factor R / (R + LAYER_NORM_ROW_HALF), R the last dimension, on every
+# GPU: the mechanism is the kernel's, not Hopper's; the constant is the H200's. Softmax and group norm keep theirs
+# (no measurement).
+LAYER_NORM_ROW_HALF = 590.0
+_ROW_NORM_OPS = frozenset({"native_layer_norm", "native_layer_norm_backward"})
+
+
+def layer_norm_row_ramp(name: str, shape: Sequence[int]) -> float:
+    """Return R / (R + LAYER_NORM_ROW_HALF) for a layer norm over rows of R = shape[-1] elements, else 1 (Note
+    [Layer-norm row length]); the backward's first input is its grad_out, of the same shape."""
+    if name not in _ROW_NORM_OPS or not shape:
+        return 1.0
+    row = float(shape[-1])
+    return row / (row + LAYER_NORM_ROW_HALF) if row > 0 else 1.0
+
+
 def plane_efficiency(plane: Any, half: Any) -> torch.Tensor:
     """Return P / (P + half) per op (1 where P is inf): the batch-norm plane-size ramp, Note [Batch-norm plane size]."""
     plane_t = torch.as_tensor(plane, dtype=torch.float64)
@@ -854,7 +882,7 @@ def kernel_seconds(flops: Any, nbytes: Any, cols: SpecColumns, p: dict[str, Any]
     m = torch.stack([_t(p[k]) for k in MEMORY_PARAMS])
     e_op = e[torch.as_tensor(np.maximum(cols.compute_param, 0))]
     m_ceiling = m[torch.as_tensor(cols.mem_param)]
-    ramp = plane_efficiency(cols.plane, p["bn_plane_half"])
+    ramp = plane_efficiency(cols.plane, p["bn_plane_half"]) * torch.as_tensor(cols.row_ramp)
     m_op = m_ceiling * f["b"] * ramp
     if cols.stream.any():  # See Note [16-bit streaming]
         m_op = torch.where(torch.as_tensor(cols.stream), cols.m_stream * ramp, m_op)

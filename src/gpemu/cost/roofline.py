@@ -24,6 +24,7 @@ from gpemu.cost.model import (
     fused_attention_eff,
     group_efficiency,
     is_pointwise_conv,
+    layer_norm_row_ramp,
     load_params,
     lowered_conv,
     lowered_kernels_per_sample,
@@ -87,11 +88,13 @@ def op_bytes(args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> int:
 
 def cost_time_s(cost: OpCost, name: str, spec: GPUSpec, params: CostParams | None = None,
                 plane: float = math.inf, pointwise: bool = False, group_width: float = 1.0,
-                out_channels: float = 0.0, samples: float = 0.0, attn_scale: float = 1.0) -> float:
+                out_channels: float = 0.0, samples: float = 0.0, attn_scale: float = 1.0,
+                row_ramp: float = 1.0) -> float:
     """Return the fitted model's kernel seconds for one op's cost on `spec` (0 for views; no launch overhead);
     `plane` is a batch-norm op's H*W (Note [Batch-norm plane size]); `pointwise` marks a 1x1 convolution (Note
     [Pointwise convolutions]); `out_channels` and `samples` a dense convolution's (Note [bf16 convolutions before
-    Ampere]); `attn_scale` a fused attention op's shape factor (Note [Attention kernels on Hopper])."""
+    Ampere]); `attn_scale` a fused attention op's shape factor (Note [Attention kernels on Hopper]); `row_ramp` a layer
+    norm's row-length factor (Note [Layer-norm row length])."""
     if cost.category == "view":
         return 0.0
     params = params or load_params()
@@ -122,7 +125,7 @@ def cost_time_s(cost: OpCost, name: str, spec: GPUSpec, params: CostParams | Non
     m_copy = p[mem_param("elementwise", backward)]
     if cost.layout == "nhwc" and cost.category == "norm":  # See Note [Layout cost]: no plane ramp
         plane = math.inf
-    ramp = float(plane_efficiency(plane, p["bn_plane_half"]))
+    ramp = float(plane_efficiency(plane, p["bn_plane_half"])) * row_ramp
     bw = spec.load_memory_bw_gbps * 1e9 * f["b"]
     m_eff = m_ceiling * ramp
     if streams(spec, cost.dtype, cost.category, name, params.m_stream):
@@ -230,7 +233,7 @@ def op_time_s(func: Any, args: Sequence[Any], kwargs: dict[str, Any], out: Any, 
                         out_channels=conv_out_channels(name, cost.category, shapes),
                         samples=float(shapes[0][0]) if cost.category == "conv" and shapes and shapes[0] else 0.0,
                         attn_scale=attention_shape_scale(name, shapes, cost.flops) if cost.category == "attention"
-                        else 1.0)
+                        else 1.0, row_ramp=layer_norm_row_ramp(name, shapes[0]) if shapes else 1.0)
     if len(_cache) >= _CACHE_LIMIT:
         _cache.clear()
     _cache[key] = value

@@ -44,14 +44,31 @@ _LOWP = {
 }
 _LOWP_DTYPES = (torch.float16, torch.bfloat16)
 
+# Note [Autocast's fp32 ops]
+# Autocast's other list runs ops in fp32 whatever their inputs (autocast_mode.cpp "fp32": layer_norm, group_norm,
+# softmax, log_softmax and more): a 16-bit activation is cast up and the op returns fp32. gpemu cast only the
+# low-precision list, so under emulated AMP a layer norm of an fp16 activation stayed fp16: its output dtype differed
+# from a GPU's (`y.dtype` float16 where CUDA says float32), the activations after it were half their real size, and
+# the kernel was priced on 16-bit bytes, 0.6x of the time an H200 took (bench/op_validation.py, AMP layer norms of
+# ViT-B/16, Swin-T and ConvNeXt-T). The four aten ops those functions reach are now cast up under autocast (the
+# input's copy is held like the low-precision casts: Note [Autocast casts take memory]); a softmax asked for
+# `half_to_float` already returns fp32 and is left alone. The loss and elementwise ops of that list are not emulated.
+_FP32 = {aten.native_layer_norm, aten.native_group_norm, aten._softmax, aten._log_softmax}
+
 
 def adjust_for_autocast(
     func: Any, uargs: Any, ukwargs: Any, spec: GPUSpec, autocast_dtype: Any = None
 ) -> tuple[Any, Any, float]:
-    """Return (args, kwargs, cast_seconds) with floating inputs cast to the autocast dtype for low-precision ops."""
-    if func.overloadpacket not in _LOWP:
+    """Return (args, kwargs, cast_seconds) with floating inputs cast to the autocast dtype for low-precision ops, and
+    16-bit inputs cast to fp32 for autocast's fp32 ops (Note [Autocast's fp32 ops])."""
+    packet = func.overloadpacket
+    if packet in _FP32:
+        if autocast_dtype is None or _half_to_float(packet, uargs, ukwargs):
+            return uargs, ukwargs, 0.0
+        target = torch.float32
+    elif packet not in _LOWP:
         return uargs, ukwargs, 0.0
-    if autocast_dtype is not None:
+    elif autocast_dtype is not None:
         target = autocast_dtype
     else:
         dtypes = {t.dtype for t in _float_tensors(uargs)}
@@ -63,7 +80,8 @@ def adjust_for_autocast(
 
     def cast(x: Any) -> Any:
         nonlocal cast_bytes
-        if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != target:
+        if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != target and (
+                target != torch.float32 or x.dtype in _LOWP_DTYPES):
             cast_bytes += x.numel() * (x.element_size() + torch.finfo(target).bits // 8)
             return x.to(target)
         if isinstance(x, (list, tuple)):
@@ -73,6 +91,14 @@ def adjust_for_autocast(
     new_args = tuple(cast(a) for a in uargs)
     new_kwargs = {k: cast(v) for k, v in ukwargs.items()}
     return new_args, new_kwargs, cast_bytes / spec.memory_bw_bytes_per_s
+
+
+def _half_to_float(packet: Any, uargs: Any, ukwargs: Any) -> bool:
+    """Return True for a softmax / log_softmax asked to return fp32 from a 16-bit input itself."""
+    if packet not in (aten._softmax, aten._log_softmax):
+        return False
+    flag = uargs[2] if len(uargs) > 2 else ukwargs.get("half_to_float", False)
+    return bool(flag)
 
 
 def _float_tensors(tree: Any) -> list[torch.Tensor]:
@@ -100,17 +126,21 @@ def _float_tensors(tree: Any) -> list[torch.Tensor]:
 def hold_casts(func: Any, args: Any, kwargs: Any, index: int) -> None:
     """Allocate the autocast input copies of one low-precision op (see Note [Autocast casts take memory])."""
     emu = state.current_emulation()
-    if emu is None or func.overloadpacket not in _LOWP:
+    if emu is None or (func.overloadpacket not in _LOWP and func.overloadpacket not in _FP32):
         return
     target = emu.autocast_dtype()
     if target is None:
         return
+    if func.overloadpacket in _FP32:  # See Note [Autocast's fp32 ops]: 16-bit inputs get an fp32 copy
+        if _half_to_float(func.overloadpacket, args, kwargs):
+            return
+        target = torch.float32
     held = emu.autocast_casts
     grad = torch.is_grad_enabled()
     size = torch.empty((), dtype=target).element_size()
     device = emu.devices[index]
     for x in _float_tensors((*args, *kwargs.values())):
-        if x.dtype == target or x.device.type != "cuda":
+        if x.dtype == target or x.device.type != "cuda" or (target == torch.float32 and x.dtype not in _LOWP_DTYPES):
             continue
         root = x._base if x._base is not None else x  # F.linear reaches mm with the weight's transposed view
         if root.requires_grad and root.grad_fn is None:  # a parameter: cached once per autocast region
