@@ -820,6 +820,12 @@ def _t(x: Any) -> torch.Tensor:
 # bn_plane_half (elements) is fitted and shared by every GPU. Without it the single per-byte batch-norm cost was set
 # by the ResNets' and DenseNets' small planes and overpriced the VGG-BN models' big ones (their backward predicted
 # 40-55 % too slow in-sample, vs 20-30 % for the same VGGs without batch norm).
+def plane_efficiency(plane: Any, half: Any) -> torch.Tensor:
+    """Return P / (P + half) per op (1 where P is inf): the batch-norm plane-size ramp, Note [Batch-norm plane size]."""
+    plane_t = torch.as_tensor(plane, dtype=torch.float64)
+    return 1.0 / (1.0 + _t(half) / plane_t)
+
+
 # Note [Layer-norm row length]
 # A layer norm reduces each row of its normalised (last) dimension; a short row leaves most of a thread block idle
 # and the kernel far from the bandwidth a long one reaches. An H200 (bench/data/h200-2026-11-27, torch.profiler
@@ -842,12 +848,6 @@ def layer_norm_row_ramp(name: str, shape: Sequence[int]) -> float:
         return 1.0
     row = float(shape[-1])
     return row / (row + LAYER_NORM_ROW_HALF) if row > 0 else 1.0
-
-
-def plane_efficiency(plane: Any, half: Any) -> torch.Tensor:
-    """Return P / (P + half) per op (1 where P is inf): the batch-norm plane-size ramp, Note [Batch-norm plane size]."""
-    plane_t = torch.as_tensor(plane, dtype=torch.float64)
-    return 1.0 / (1.0 + _t(half) / plane_t)
 
 
 # Note [Group width]
