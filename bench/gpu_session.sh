@@ -2,7 +2,8 @@
 # One short session on a machine with a real NVIDIA GPU, everything gpemu wants measured, most valuable first:
 #   1. smoke: `gpemu profile` of resnet18 at batch 16 (fp32, amp, per-op times): stops here if the profiler breaks
 #   2. bench/gpu_micro.py: matmul / SDPA / conv NCHW+NHWC / batch norm / copy / launch rates
-#   3. the drop-in reference runs: unmodified example scripts under `gpemu run --gpu real` (iteration wall times)
+#   3. `pytest tests/gpu` (GPU_TESTS=0 skips it), then the drop-in reference runs: unmodified example scripts under
+#      `gpemu run --gpu real` (iteration wall times)
 #   4. the profile campaign, lease plan (Note [Lease plan] in gpemu/profiler/campaign.py), until the deadline
 # Usage (repo root, on the GPU machine): OUT=dir bash bench/gpu_session.sh [total seconds, default 480]
 # Results: $OUT/log.txt, $OUT/micro.csv, $OUT/dropin.tar.gz, $OUT/p/<gpu>.csv and $OUT/p/details/*.csv.
@@ -35,6 +36,11 @@ say "2. micro-benchmarks"
 timeout 90 $PY bench/gpu_micro.py --out "$OUT/micro.csv" --budget-s 60 > "$OUT/dropin/micro.log" 2>&1 || say "micro exited $?"
 tail -3 "$OUT/dropin/micro.log"
 
+if [ "${GPU_TESTS:-1}" = 1 ]; then
+  say "3a. pytest tests/gpu"
+  timeout 240 $PY -m pytest -q -m gpu tests/gpu -p no:cacheprovider > "$OUT/dropin/tests-gpu.log" 2>&1 || say "tests/gpu exited $?"
+  tail -3 "$OUT/dropin/tests-gpu.log"
+fi
 say "3. drop-in reference runs"
 real() {  # real NAME TIMEOUT_S CMD...
   local name=$1 limit=$2; shift 2
