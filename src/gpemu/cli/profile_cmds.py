@@ -66,7 +66,8 @@ def profile(
     )
     profiler = Profiler(config)
     summary = profiler.run(show_progress=True)
-    kind = "dry-run (measured=0)" if dry_run else "measured"
+    kind = ("dry-run (measured=0)" if dry_run else "emulated: gpemu's predictions (measured=0)"
+            if profiler.prov.emulated else "measured")  # See Note [Profiling an emulated GPU]
     console.print(f"[bold]{summary.gpu_key}[/]: {len(summary.done)} configuration(s) profiled ({kind}), "
                   f"{len(summary.resumed)} already present, {summary.rows} rows -> {summary.profile_path}")  # fmt: skip
     for name, dt, batch in summary.oom:
