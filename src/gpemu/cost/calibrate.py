@@ -75,7 +75,7 @@ def _concat(parts: Sequence[OpArrays]) -> OpArrays:
 class _GpuBlock:
     """All (workload, phase) segments measured on one GPU, flattened into one op axis for a vectorised fit."""
 
-    def __init__(self, gpu: str, rows: pd.DataFrame, batches: Sequence[int]) -> None:
+    def __init__(self, gpu: str, rows: pd.DataFrame, batches: Sequence[int], m_stream: float = 0.0) -> None:
         self.gpu = gpu
         spec = get_gpu(gpu)
         parts, seg_ids, starts, ends = [], [], [], []
@@ -93,7 +93,9 @@ class _GpuBlock:
             offset += len(ops.names)
             ends.append(offset)
         self.ops = _concat(parts)
-        self.cols = spec_columns(self.ops, spec, load_params().tc_eff)  # fp32 CUDA-core data: no tensor-core op
+        # the shared fit's GPEmu rows are fp32 on CUDA cores (m_stream 0, as fitted); fit_gpu's rows may be 16-bit or
+        # TF32 and are priced as predictions price them (m_stream, the GPU's tensor-core share)
+        self.cols = spec_columns(self.ops, spec, load_params().tc_eff_for(spec), m_stream)
         b = np.asarray(batches, dtype=np.float64)[:, None]
         assert self.ops.flops_per_sample is not None and self.ops.bytes_per_sample is not None
         self.flops = torch.as_tensor(self.ops.flops[None, :] + self.ops.flops_per_sample[None, :] * b)
@@ -232,7 +234,7 @@ def fit_gpu(rows: pd.DataFrame, gpu: str, batches: Sequence[int] = FIT_BATCHES, 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        block = _GpuBlock(key, rows, batches)
+        block = _GpuBlock(key, rows, batches, base.m_stream)
         logf = {k: torch.zeros((), dtype=torch.float64, requires_grad=True) for k in PER_GPU_PARAMS}
         opt = torch.optim.Adam(list(logf.values()), lr=0.05)
         n_rows = int(block.mask.sum())
@@ -264,13 +266,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--free", default="", help="comma-separated shared constants to refit, the rest kept from "
                                                    "the packaged fit (Note [Targeted refits])")
     args = parser.parse_args(argv)
-    from rich.progress import Progress
-
     if args.add_gpu:
         _add_gpu(Path(args.add_gpu), Path(args.out), args.steps)
         return
     free = [k.strip() for k in args.free.split(",") if k.strip()] or None
     rows = load_measured_rows(args.data)
+    from rich.progress import Progress
 
     with Progress() as bar:
         task = bar.add_task("fitting", total=args.steps)

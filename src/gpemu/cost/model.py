@@ -302,7 +302,7 @@ def _boost_peak_flops(spec: GPUSpec, dtype: str, category: str, tensor_core: boo
         if not native or has_tensor_cores(spec):
             return fp32  # no native 16-bit math (bf16 before Ampere)
         return native  # packed half2 on CUDA cores (P100)
-    if category == "matmul" and spec.compute_capability[0] == 9:  # Note [FP32 GEMMs on Hopper]
+    if category == "matmul" and is_hopper(spec):  # Note [FP32 GEMMs on Hopper]
         return fp32 * HOPPER_SGEMM_SHARE
     return fp32
 
@@ -680,7 +680,7 @@ def transposed_tensors(spec: GPUSpec, dtype: str, tensor_core: bool, layout: int
         return 0
     if backward:
         return 3
-    return 0 if native == LAYOUT_NHWC and not hopper_nhwc_only(spec) else 2
+    return 0 if native == LAYOUT_NHWC and not is_hopper(spec) else 2  # Note [NCHW convolutions on Hopper]
 
 
 # Note [NCHW convolutions on Hopper]
@@ -694,9 +694,9 @@ def transposed_tensors(spec: GPUSpec, dtype: str, tensor_core: bool, layout: int
 # +26.8 %. The H200's TF32 NCHW convolutions were 1.6-2.0x slower than channels_last too, but pricing them so (TF32
 # NHWC-native on Hopper) took Lambda's H100 TF32 rows from -5.7 / +4.8 % to -27.6 / -19.1 %: conflicting evidence,
 # so TF32 stays layout-neutral (Note [Layout cost]).
-def hopper_nhwc_only(spec: GPUSpec) -> bool:
-    """Return True on Hopper (compute capability 9.x), whose cuDNN tensor-core convolutions are NHWC-only (Note
-    [NCHW convolutions on Hopper])."""
+def is_hopper(spec: GPUSpec) -> bool:
+    """Return True on Hopper (compute capability 9.x): NHWC-only cuDNN tensor-core convolutions (Note [NCHW
+    convolutions on Hopper]) and fp32 GEMMs at 0.75 of peak (Note [FP32 GEMMs on Hopper])."""
     return spec.compute_capability[0] == 9
 
 

@@ -12,6 +12,7 @@ import torch
 
 from gpemu.cost.model import (
     COMPUTE_PARAMS,
+    CONV_COMPUTE_PARAMS,
     LAYOUT_NCHW,
     LAYOUT_NHWC,
     CostParams,
@@ -116,7 +117,7 @@ def cost_time_s(cost: OpCost, name: str, spec: GPUSpec, params: CostParams | Non
             eff = fused_attention_eff(spec, tc) if cost.category == "attention" else tc
             if cost.category == "attention" and warpgroup_gemms(spec):  # Note [Attention kernels on Hopper]
                 eff *= attn_scale
-            if cidx != COMPUTE_PARAMS.index("e_matmul"):  # See Note [Tensor-core convolution factor] in model.py
+            if cidx in CONV_COMPUTE_PARAMS:  # See Note [Tensor-core convolution factor] in model.py
                 eff *= f["t"]
         compute = (cost.flops + p["w_half"] * spec.sm_count) / (peak * eff)
     backward = name.endswith(("_backward", "_backward_data"))  # the phase is unknown here; named grads are bwd
