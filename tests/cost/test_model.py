@@ -477,3 +477,51 @@ def test_layer_norm_memory_efficiency_ramps_with_its_row_length() -> None:
     long_row = cost_time_s(ln, "native_layer_norm", h200, params)
     short_row = cost_time_s(ln, "native_layer_norm", h200, params, row_ramp=0.14)
     assert short_row > 3 * long_row  # the same bytes in 96-element rows: the card ran them 3.7x slower per byte
+
+
+def test_nchw_training_batch_norm_runs_one_block_per_channel() -> None:
+    # Note [Batch norm, one block per channel]: ResNet-50's first batch norm at batch 64 (64 channels of 112 x 112)
+    # takes at least N*H*W / (0.8 elements per cycle * clock) + latency: 64 * 12544 = 802,816 elements; on an H200
+    # at 1,980 MHz that is 802816 / (0.8 * 1.98e9) = 506.8 us, whatever the dtype (the card: 588 us fp16, 460 fp32).
+    # Its bytes alone (3 passes of 102.8 MB in fp16) would stream in ~80 us at m_stream of 4.8 TB/s.
+    from gpemu.cost.model import (
+        BN_CHANNEL_ELEMS_PER_CYCLE,
+        BN_CHANNEL_ELEMS_PER_CYCLE_BWD,
+        channel_elems_per_byte,
+        past_single_read,
+    )
+    from gpemu.cost.registry import op_cost
+    from gpemu.cost.roofline import op_time_s
+
+    aten = torch.ops.aten
+    h200 = get_gpu("h200")
+    params = load_params()
+    latency_s = params.shared["mem_lat_cycles"] / 1.98e9
+    w = torch.empty(64, device="meta")
+    bn = aten.native_batch_norm.default
+    for dtype in (torch.float16, torch.float32):
+        x = torch.empty(64, 64, 112, 112, dtype=dtype, device="meta")
+        args = (x, w, w, w, w, True, 0.1, 1e-5)
+        out = bn(*args)
+        assert op_cost(bn, args, {}, out).channel_elems == 64 * 112 * 112
+        floor_s = 64 * 12544 / (BN_CHANNEL_ELEMS_PER_CYCLE * 1.98e9) + latency_s
+        assert op_time_s(bn, args, {}, out, h200) == pytest.approx(floor_s + params.shared["k0"], rel=1e-6)
+        # the backward: 0.35 elements per cycle, 802816 / (0.35 * 1.98e9) = 1158.5 us
+        bwd = aten.native_batch_norm_backward.default
+        bargs = (x, x, w, w, w, w, w, True, 1e-5, [True, True, True])
+        bout = bwd(*bargs)
+        floor_bwd_s = 64 * 12544 / (BN_CHANNEL_ELEMS_PER_CYCLE_BWD * 1.98e9) + latency_s
+        assert op_time_s(bwd, bargs, {}, bout, h200) == pytest.approx(floor_bwd_s + params.shared["k0"], rel=1e-6)
+    # no floor: eval mode (no reduction), channels_last (other kernels), a channel that fits the single-read kernel
+    # (resnet50's last stage at batch 64: 64 * 7 * 7 = 3,136 elements, 6 KB in fp16)
+    x = torch.empty(64, 64, 112, 112, dtype=torch.float16, device="meta")
+    eval_args = (x, w, w, w, w, False, 0.1, 1e-5)
+    assert op_cost(bn, eval_args, {}, bn(*eval_args)).channel_elems == 0
+    xcl = x.contiguous(memory_format=torch.channels_last)
+    cl_args = (xcl, w, w, w, w, True, 0.1, 1e-5)
+    assert op_cost(bn, cl_args, {}, bn(*cl_args)).channel_elems == 0
+    assert not past_single_read(64 * 7 * 7, "fp16")
+    assert past_single_read(64 * 56 * 56, "fp16")  # layer1 at batch 64: 200,704 elements, 392 KB
+    assert not past_single_read(16 * 56 * 56, "fp16")  # ... at batch 16: 50,176 elements, 98 KB (the card: 3x faster)
+    # the per-byte figure is batch-independent: N*H*W / (3 * N*C*H*W * 2) = 1 / (6 C)
+    assert channel_elems_per_byte(64 * 3136, 3 * 64 * 256 * 3136 * 2) == pytest.approx(1 / (6 * 256))

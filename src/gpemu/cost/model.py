@@ -352,6 +352,8 @@ class OpArrays:
     conv_batch_per_sample: np.ndarray | None = None  # batch-linear like flops (Note [bf16 convolutions before Ampere])
     attn_scale: np.ndarray | None = None  # fused attention ops: Note [Attention kernels on Hopper]; 1 elsewhere
     row_ramp: np.ndarray | None = None  # layer norms: Note [Layer-norm row length]; 1 elsewhere
+    channel_per_byte: np.ndarray | None = None  # NCHW training batch norms: one channel's elements per byte the op
+    # moves (batch-independent), 0 elsewhere (Note [Batch norm, one block per channel])
 
     def at_batch(self, batch_size: float) -> tuple[np.ndarray, np.ndarray]:
         """Return (flops, bytes) at `batch_size` (batch-linear arrays) or the stored ones."""
@@ -380,7 +382,8 @@ class OpArrays:
                         self.bytes[idx], sub(self.flops_per_sample), sub(self.bytes_per_sample), sub(self.views_before),
                         sub(self.plane), sub(self.layout), sub(self.relayout_bytes), sub(self.relayout_bytes_per_sample),
                         sub(self.pointwise), sub(self.group_width), sub(self.out_channels), sub(self.conv_batch),
-                        sub(self.conv_batch_per_sample), sub(self.attn_scale), sub(self.row_ramp))
+                        sub(self.conv_batch_per_sample), sub(self.attn_scale), sub(self.row_ramp),
+                        sub(self.channel_per_byte))
 
 
 _PHASE_ID = {"forward": 0, "backward": 1, "optimizer": 2}
@@ -465,6 +468,8 @@ def op_arrays(records: Sequence[Any]) -> OpArrays:
         attn_scale=np.array([attention_shape_scale(r.name, getattr(r, "in_shapes", ()), r.flops)
                              if r.category == "attention" else 1.0 for r in records], dtype=np.float64),
         row_ramp=np.array([layer_norm_row_ramp(r.name, _first_shape(r)) for r in records], dtype=np.float64),
+        channel_per_byte=np.array([channel_elems_per_byte(float(getattr(r, "channel_elems", 0.0)), r.bytes)
+                                   for r in records], dtype=np.float64),
     )
 
 
@@ -496,6 +501,9 @@ class SpecColumns:
     tc_conv: np.ndarray  # bool: convolutions on tensor cores, their efficiency times f["t"] (Note [Tensor-core
     # convolution factor])
     row_ramp: np.ndarray  # layer norms' row-length factor on memory efficiency (Note [Layer-norm row length])
+    channel_cycles_per_byte: np.ndarray  # NCHW training batch norms: SM cycles of one channel's block per byte the op
+    # moves, 0 elsewhere (Note [Batch norm, one block per channel])
+    channel_floor_bytes: np.ndarray  # the op's bytes beyond which a channel is past the single-read size (inf: never)
 
 
 COMPUTE_PARAMS: tuple[str, ...] = ("e_conv", "e_conv_bwd", "e_grouped", "e_grouped_bwd", "e_matmul", "e_conv_1x1",
@@ -778,6 +786,7 @@ def spec_columns(ops: OpArrays, spec: GPUSpec, tc_eff: float, m_stream: float = 
     out_channels = ops.out_channels if ops.out_channels is not None else np.zeros(n)
     stream = np.array([streams(spec, d, c, name, m_stream)
                        for c, d, name in zip(ops.category, ops.dtype, ops.names, strict=True)], dtype=bool)
+    channel_per_byte = ops.channel_per_byte if ops.channel_per_byte is not None else np.zeros(n)
     return SpecColumns(
         peak=peaks,
         tensor_core=on_tc,
@@ -805,6 +814,9 @@ def spec_columns(ops: OpArrays, spec: GPUSpec, tc_eff: float, m_stream: float = 
         clock_hz=spec.load_clock_mhz * 1e6,
         tc_conv=on_tc & np.isin(compute_param, CONV_COMPUTE_PARAMS),
         row_ramp=ops.row_ramp if ops.row_ramp is not None else np.ones(n),
+        channel_cycles_per_byte=channel_per_byte / np.array([bn_channel_rate(name) for name in ops.names]),
+        channel_floor_bytes=np.array([BN_SINGLE_READ_BYTES / (cpb * _ELEM_BYTES.get(d, 4)) if cpb > 0 else np.inf
+                                      for cpb, d in zip(channel_per_byte, ops.dtype, strict=True)]),
     )
 
 
@@ -848,6 +860,47 @@ def layer_norm_row_ramp(name: str, shape: Sequence[int]) -> float:
         return 1.0
     row = float(shape[-1])
     return row / (row + LAYER_NORM_ROW_HALF) if row > 0 else 1.0
+
+
+# Note [Batch norm, one block per channel]
+# cuDNN's NCHW training batch norm (its bn_fw_tr_1C11 / bn_bw_1C11 kernels: a grid of one block per channel) reduces
+# each channel's N*H*W elements in one thread block, so an op with few channels and big planes runs on few SMs at a
+# block's latency-bound pace whatever the bandwidth. An H200 (bench/data/h200-2026-11-27, torch.profiler kernel times,
+# 422 training batch norms of 18 CNNs at batch 16 and 64) processed, per channel, 0.7-0.95 elements per SM cycle
+# forward and 0.31-0.38 backward, in fp32 and fp16 alike (so elements, not bytes) and flat in the channel count up to
+# 256, once a channel's data passed the single-read size (the kernels that hold a channel on chip and read it once:
+# 64K fp16 elements ran 3x faster per channel than 200K); ResNet-50's first batch norm (64 channels of 112 x 112) at
+# batch 64 ran at 350 GB/s in fp16, 7 % of the card's bandwidth, where the bandwidth model priced it at 0.11 of the
+# measured time. So such an op takes at least
+#     serial_s = N*H*W / (BN_CHANNEL_ELEMS_PER_CYCLE[_BWD] * clock) + mem_lat_cycles / clock
+# when N*H*W * element size > BN_SINGLE_READ_BYTES, as a floor under its memory time. Priced in cycles, as memory
+# latency is (Note [Memory latency]): the mechanism is the kernel's, the constants the H200's. It binds on
+# high-bandwidth GPUs (A100, H100, H200: 2-4x the bandwidth price on a ResNet's first stages) and hardly on GPEmu's
+# five GPUs (the floor is at or under their fitted fp32 batch-norm price). NHWC batch norm (other kernels) and
+# eval-mode batch norm (no reduction) have no floor. Per op on the H200 (bench/op_validation.py, 18 models at batch
+# 64, summed kernel time per step, gpemu / measured): training batch norm AMP 0.58 / 0.45 (fwd / bwd) -> ~1.06.
+BN_CHANNEL_ELEMS_PER_CYCLE = 0.8
+BN_CHANNEL_ELEMS_PER_CYCLE_BWD = 0.35
+BN_SINGLE_READ_BYTES = 128 * 1024
+_ELEM_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4, "tf32": 4, "fp64": 8}
+
+
+def bn_channel_rate(name: str) -> float:
+    """Return the elements per SM cycle one channel's block of a batch norm processes (Note [Batch norm, one block
+    per channel]): the backward's rate for its backward ops, else the forward's."""
+    return BN_CHANNEL_ELEMS_PER_CYCLE_BWD if name.endswith("_backward") else BN_CHANNEL_ELEMS_PER_CYCLE
+
+
+def channel_elems_per_byte(channel_elems: float, nbytes: float) -> float:
+    """Return a batch norm's per-channel elements per byte it moves (0 for other ops): batch-independent, as both
+    grow with N (Note [Batch norm, one block per channel])."""
+    return channel_elems / nbytes if channel_elems > 0 and nbytes > 0 else 0.0
+
+
+def past_single_read(channel_elems: Any, dtype: str) -> Any:
+    """Return True where one channel's data (N*H*W elements of `dtype`) is past what the single-read kernels hold on
+    chip, so the one-block-per-channel floor applies (Note [Batch norm, one block per channel])."""
+    return channel_elems * _ELEM_BYTES.get(dtype, 4) > BN_SINGLE_READ_BYTES
 
 
 # Note [Group width]
@@ -904,6 +957,10 @@ def kernel_seconds(flops: Any, nbytes: Any, cols: SpecColumns, p: dict[str, Any]
     if cols.column_bytes_per_flop.any():  # See Note [bf16 convolutions before Ampere]
         nbytes = nbytes + flops * torch.as_tensor(cols.column_bytes_per_flop)
     memory = nbytes / (cols.bw * m_op) + latency
+    if cols.channel_cycles_per_byte.any():  # See Note [Batch norm, one block per channel]
+        serial = nbytes * torch.as_tensor(cols.channel_cycles_per_byte) / cols.clock_hz + latency
+        past = nbytes > torch.as_tensor(cols.channel_floor_bytes)
+        memory = torch.where(past, torch.maximum(memory, serial), memory)
     body = torch.maximum(compute, memory)
     if cols.staged.any():  # See Note [Staged convolutions]
         body = torch.where(torch.as_tensor(cols.staged), compute + memory, body)

@@ -48,6 +48,8 @@ class OpCost:
     tensor_core: bool = False  # eligible for tensor cores (16-bit matmul/conv with dims multiple of 8)
     layout: str = ""  # conv / batch-norm ops: "nchw" or "nhwc" memory format of their 4-D tensors ("" otherwise)
     relayout_bytes: float = 0.0  # conv ops: activation bytes a layout transpose moves once (Note [Layout cost])
+    channel_elems: float = 0.0  # NCHW training batch norm: elements one channel's block reduces, N*H*W (Note [Batch
+    # norm, one block per channel] in model.py); 0 elsewhere
 
 
 CostFn = Callable[[Sequence[Any], dict[str, Any], Any], OpCost]
@@ -263,8 +265,9 @@ def _batch_norm(args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> OpCost
     if not training:
         return _batch_norm_eval(args, kwargs, out)
     # cuDNN training batch norm: one pass reads x for the statistics, a second reads x and writes y -> 3 * |x|.
-    size = _nbytes(x)
-    return OpCost(8 * x.numel(), 3 * size, "norm", dtype_key(x.dtype), layout=op_layout((x,)))
+    size, layout = _nbytes(x), op_layout((x,))
+    return OpCost(8 * x.numel(), 3 * size, "norm", dtype_key(x.dtype), layout=layout,
+                  channel_elems=_channel_elems(x, layout))
 
 
 @register_cost(aten._native_batch_norm_legit_no_training)
@@ -278,8 +281,18 @@ def _batch_norm_eval(args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> O
 def _batch_norm_bwd(args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> OpCost:
     x = args[1]
     # reduce pass reads dy and x, elementwise pass reads dy and x again and writes dx -> 5 * |x|.
-    size = _nbytes(x)
-    return OpCost(12 * x.numel(), 5 * size, "norm", dtype_key(x.dtype), layout=op_layout((x,)))
+    size, layout = _nbytes(x), op_layout((x,))
+    return OpCost(12 * x.numel(), 5 * size, "norm", dtype_key(x.dtype), layout=layout,
+                  channel_elems=_channel_elems(x, layout))
+
+
+def _channel_elems(x: torch.Tensor, layout: str) -> float:
+    """Return the elements of one channel of a 4-D NCHW batch-norm input (N*H*W), 0 for other inputs: what one
+    block of cuDNN's NCHW training kernels reduces (Note [Batch norm, one block per channel] in model.py)."""
+    if x.dim() != 4 or layout == "nhwc":
+        return 0.0
+    n, _, h, w = x.shape
+    return float(n * h * w)
 
 
 @register_cost(aten.native_layer_norm, aten.native_group_norm, aten._softmax, aten._log_softmax)

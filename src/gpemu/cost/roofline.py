@@ -17,6 +17,7 @@ from gpemu.cost.model import (
     LAYOUT_NHWC,
     CostParams,
     attention_shape_scale,
+    bn_channel_rate,
     bn_plane,
     column_bytes_per_flop,
     compute_param_index,
@@ -30,6 +31,7 @@ from gpemu.cost.model import (
     lowered_conv,
     lowered_kernels_per_sample,
     mem_param,
+    past_single_read,
     peak_flops,
     plane_efficiency,
     staged_conv,
@@ -134,6 +136,9 @@ def cost_time_s(cost: OpCost, name: str, spec: GPUSpec, params: CostParams | Non
     latency = p["mem_lat_cycles"] / (spec.load_clock_mhz * 1e6)  # Note [Sustained clock]
     nbytes = cost.bytes + (cost.flops * float(column_bytes_per_flop(out_channels)) if lowered else 0.0)
     memory = nbytes / (bw * m_eff) + latency
+    if cost.channel_elems and past_single_read(cost.channel_elems, cost.dtype):  # Note [Batch norm, one block per
+        # channel] in model.py
+        memory = max(memory, cost.channel_elems / (bn_channel_rate(name) * spec.load_clock_mhz * 1e6) + latency)
     total = (compute + memory if staged or lowered else max(compute, memory)) + p["k0"]
     if lowered and samples > 1:  # the per-sample loop's kernels: Note [bf16 convolutions before Ampere]
         total += (lowered_kernels_per_sample(name, pointwise) * samples - 1) * (latency + p["k0"])
