@@ -291,6 +291,7 @@ class CachingAllocator:
         self.num_device_alloc = 0
         self.num_device_free = 0
         self._workspaces: dict[tuple[str, int], int] = {}
+        self.workspace_bytes = 0  # block bytes of the live library workspaces (ensure_workspace)
 
     @property
     def _alloc_bytes(self) -> _AllocatedBytesView:
@@ -617,6 +618,7 @@ class CachingAllocator:
         if handle is None:
             handle = self.malloc(size_bytes, stream_id, tag=f"{kind} workspace")
             self._workspaces[key] = handle
+            self.workspace_bytes += self.size_of(handle)
         return handle
 
     # ---- errors -----------------------------------------------------------------------------------------------
@@ -778,7 +780,9 @@ class CachingAllocator:
     def live_since(self, mark: int) -> list[tuple[int, int, int]]:
         """Return (handle, requested bytes, block bytes) of every live allocation made after handle_mark() gave
         `mark`, in allocation order."""
-        return sorted((h, b.requested_bytes, b.size_bytes) for h, b in self._live.items() if h > mark)
+        spaces = set(self._workspaces.values())  # library workspaces belong to no forward (Note [Library workspaces])
+        return sorted((h, b.requested_bytes, b.size_bytes) for h, b in self._live.items() if h > mark
+                      and h not in spaces)
 
     def size_of(self, handle: int) -> int:
         """Return the bytes a live allocation holds (0 when unknown)."""

@@ -309,6 +309,7 @@ def _simulate_autocast(spec: GPUSpec, workload: str, batch_size: int, dtype: str
     # capacity_bytes: the device's (fits) or "unlimited" (predict_memory answers past the device's memory, as the
     # fp32 path does; before session 11 this path fell back to the device's capacity and raised its OOM instead)
     emu = gt.install(spec.key, memory_limit_bytes=capacity_bytes or None, replay=False)
+    emu.cublas_workspace = cublas_workspace
     try:
         alloc = emu.devices[0].allocator
         model = zoo.build_model(workload)

@@ -15,7 +15,8 @@ from gpemu.hardware import GPUSpec, get_gpu
 # on compute capability 9.x/10.x/12.x (Hopper, Blackwell). Handles are per thread and autograd runs backward on
 # its own device thread, so a training loop holds two (forward thread and autograd thread) per stream.
 # GPEmu's 2023 measurements predate this (their persistent memory has no 8 MiB step), so validation runs with it
-# off; predictions for a modern torch turn it on.
+# off; predictions for a modern torch turn it on, and so does the drop-in emulator (Note [cuBLAS workspace in the
+# drop-in] in gpemu/torch_backend/tensor.py; Emulation.cublas_workspace turns it off).
 # cuDNN: convolution workspaces are allocated per call through the caching allocator and freed right after, so
 # they only lift the peak, by an amount that depends on the algorithm cuDNN picks on each GPU. Not modelled
 # (the reference data show peaks agreeing across GPUs to within ~1%, see bench/memory_validation.py).

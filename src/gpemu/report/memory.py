@@ -94,7 +94,8 @@ class MemoryReport:
 
         def traced_malloc(size_bytes: int, stream_id: int = 0, tag: str = "") -> int:
             handle = malloc(size_bytes, stream_id, tag)
-            owner = report._owner()
+            # a library's workspace is no module's (Note [cuBLAS workspace in the drop-in] in torch_backend/tensor.py)
+            owner = "cuBLAS workspaces" if tag.endswith(" workspace") else report._owner()
             log.owner_of[handle] = (owner, size_bytes)
             log.live_by_owner[owner] += size_bytes
             allocated = allocator.memory_allocated()

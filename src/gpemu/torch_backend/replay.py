@@ -172,11 +172,15 @@ class _Window:
         self.mark = self.allocator.handle_mark()
         self.token = self.allocator.begin_peak_window()
         self.effects = _effects(device)
+        self.workspace_bytes = self.allocator.workspace_bytes
 
     def close(self) -> tuple[int, int]:
-        """Return (bytes allocated at close, peak allocated inside the window); restore the running peak."""
+        """Return (bytes allocated at close, peak allocated inside the window), less any library workspace the window
+        created (the first GEMM's cuBLAS workspace stays for the process, not for the module: Note [Library
+        workspaces] in gpemu.memory.workspaces); restore the running peak."""
+        made = self.allocator.workspace_bytes - self.workspace_bytes
         end = self.allocator.memory_allocated()
-        return end, self.allocator.end_peak_window(self.token)
+        return end - made, self.allocator.end_peak_window(self.token) - made
 
     def clean(self, charged: int, reads: list[tuple[int, int, str]] | None = None,
               copies: list[tuple[int, int, bool, bool]] | None = None) -> bool:

@@ -26,6 +26,8 @@ class Emulation:
     nonzero_fraction: float = 1.0  # See Note [Data-dependent shapes] in ops.py
     float_value: float = 0.0  # what computed floating-point values read back as; See Note [Reading computed values]
     autocast_seen: bool = False  # set once torch.autocast("cuda") is entered; enables dtype emulation
+    cublas_workspace: bool = True  # the first GEMM of a thread and stream allocates cuBLAS's workspace (Note [cuBLAS
+    # workspace in the drop-in] in tensor.py); off for simulations of a torch that predates it
     _local: threading.local = field(default_factory=threading.local, repr=False)
     phases: Any = None  # gpemu.torch_backend.phases.PhaseTracker, set by install()
     replay: Any = None  # gpemu.torch_backend.replay.Replayer, or None when replay is disabled

@@ -603,6 +603,7 @@ def clear_op_caches() -> None:
     """Forget every cached op cost and op-cache entry (Note [Caches per emulation])."""
     _cost_cache.clear()
     _op_cache.clear()
+    _cublas_done.clear()  # a new emulation's allocators hold no workspace yet
 
 
 def op_cost_s(func: Any, uargs: Any, ukwargs: Any, out: Any, index: int) -> float:
@@ -1026,6 +1027,38 @@ def _alias(elem: torch.Tensor, index: int, mk: tuple[Any, ...] | None) -> EmuTen
     return out  # type: ignore[no-any-return]
 
 
+# Note [cuBLAS workspace in the drop-in]
+# torch gives every (cuBLAS handle, stream) pair a workspace from the caching allocator at its first GEMM and keeps it
+# for the process (Note [Library workspaces] in gpemu.memory.workspaces): 32 MiB on Hopper and Blackwell, 8.1 MiB
+# before, or what CUBLAS_WORKSPACE_CONFIG asks. Handles are per thread and autograd runs the backward on its own
+# device thread, so a training loop holds two: memory_allocated() on a real H200 reads 64 MiB above the tensors after
+# the first backward with a Linear layer. The emulated device allocates the same at the first cuBLAS op of each
+# (thread, stream). Module replay leaves them out of what a recorded forward holds or peaks at (they are not the
+# module's: `_Window` in replay.py, `live_since` in the allocator), so replay starts when it did without them.
+_CUBLAS_OPS: frozenset[Any] = frozenset(
+    getattr(torch.ops.aten, name).default for name in ("mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "dot",
+                                                       "vdot", "_int_mm"))
+
+
+_cublas_done: set[tuple[int, int]] = set()  # (device, stream) pairs whose two threads hold their workspaces
+
+
+def cublas_workspace(emu: Any, index: int, stream_id: int) -> None:
+    """Allocate the cuBLAS workspace of this thread's handle on `stream_id` once (Note [cuBLAS workspace in the
+    drop-in])."""
+    from gpemu.memory.workspaces import cublas_workspace_bytes
+
+    if not emu.cublas_workspace:
+        return
+    allocator = emu.devices[index].allocator
+    thread = "autograd" if torch._C._current_autograd_node() is not None else "main"
+    key = (f"cublas ({thread} thread)", stream_id)
+    if key not in allocator._workspaces:
+        allocator.ensure_workspace(key[0], stream_id, cublas_workspace_bytes(emu.devices[index].spec))
+    if all((f"cublas ({t} thread)", stream_id) in allocator._workspaces for t in ("main", "autograd")):
+        _cublas_done.add((index, stream_id))
+
+
 def run_op(func: Any, args: Any, kwargs: Any) -> Any:
     """Run one aten op on emulated tensors: shapes on meta, time on the stream, memory on the allocator."""
     if func is _DETACH and not kwargs and type(args[0]) is EmuTensor:
@@ -1065,6 +1098,8 @@ def run_op(func: Any, args: Any, kwargs: Any) -> Any:
         if index is not None and kind != _GENERIC:
             # the current stream is looked up once for the kernel and the outputs' allocations (~0.7 us each)
             stream = emu.current_stream(index)
+            if func in _CUBLAS_OPS and (index, stream.stream_id) not in _cublas_done:  # Note [cuBLAS workspace in
+                cublas_workspace(emu, index, stream.stream_id)  # the drop-in]
             if cost >= 0.0:
                 _charge_on(emu, stream, index, name, cost, "kernel", fusible)
             if kind == _FRESH:
@@ -1102,6 +1137,10 @@ def run_op(func: Any, args: Any, kwargs: Any) -> Any:
         cost = op_cost_s(func, uargs, ukwargs, out, index) + cast_s
         fusible = op_fusible(func, uargs, ukwargs, out)
         charge(index, func, cost, "kernel", fusible)
+        if func in _CUBLAS_OPS and index is not None:  # See Note [cuBLAS workspace in the drop-in]
+            stream_id = emu.current_stream(index).stream_id
+            if (index, stream_id) not in _cublas_done:
+                cublas_workspace(emu, index, stream_id)
     if key is not None:
         if len(_op_cache) >= _OP_CACHE_MAX:
             _op_cache.clear()
