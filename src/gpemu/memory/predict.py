@@ -408,8 +408,9 @@ def predict_memory(
         "source": how if mode == "infer" else (
             f"simulated: {iterations} autocast ({dtype}) SGD-momentum + GradScaler training steps through the drop-in "
             f"emulation's CUDA caching-allocator model (fp32 master weights and optimizer state, 16-bit activations "
-            f"and autocast weight copies, zero_grad(set_to_none={set_to_none})); not validated against measurements "
-            "(GPEmu's data is fp32)" if dtype in AUTOCAST_DTYPES else
+            f"and autocast weight copies, zero_grad(set_to_none={set_to_none})); against an H200's measured AMP "
+            "training steps (90 configurations of 27 models, batch 1-256, session 12: "
+            "bench/heldout_memory_validation.py) peak median |error| 1.0 %, p90 10.4 %" if dtype in AUTOCAST_DTYPES else
             f"simulated: {iterations} SGD-momentum training steps on meta tensors through gpemu's CUDA "
             f"caching-allocator model ({dtype}, zero_grad(set_to_none={set_to_none}), "
             f"cuBLAS workspace {'on' if cublas_workspace else 'off'}, in-place hardtanh_ saves "
