@@ -56,3 +56,33 @@ def test_emulated_run_matches_the_real_run(profile_dir: Path, tmp_path: Path) ->
     result = json.loads(out.stdout)
     # the emulated mean iteration within 10 % of the real one on the GPU it was profiled on
     assert abs(result["mean_error_pct"]) <= 10.0, result
+
+
+_MEMORY_SCRIPT = """
+import json, torch
+lin = torch.nn.Linear(1024, 1024).cuda()
+x = torch.randn(64, 1024, device="cuda")
+seen = [torch.cuda.memory_allocated()]
+y = lin(x)
+seen.append(torch.cuda.memory_allocated())
+y.sum().backward()
+del y
+seen.append(torch.cuda.memory_allocated())
+print(json.dumps(seen))
+"""
+
+
+def test_memory_allocated_matches_the_real_gpu_around_the_first_gemm(tmp_path: Path) -> None:
+    # Note [cuBLAS workspace in the drop-in]: a GPU's memory_allocated() includes cuBLAS's per-thread workspaces from
+    # the first GEMM on; the emulator of the same GPU must read the same bytes after .cuda(), the forward and the
+    # backward of one Linear layer
+    import torch
+
+    script = tmp_path / "mem.py"
+    script.write_text(_MEMORY_SCRIPT)
+    real = subprocess.run([sys.executable, str(script)], check=True, capture_output=True, text=True, timeout=300)
+    emulated = subprocess.run([sys.executable, "-m", "gpemu", "run", "--gpu", torch.cuda.get_device_name(0), "--",
+                               sys.executable, str(script)], check=True, capture_output=True, text=True, timeout=300)
+    last = lambda out: json.loads(out.strip().splitlines()[-1])  # noqa: E731
+    emu_lines = [line for line in emulated.stdout.splitlines() if line.startswith("[")]
+    assert last(real.stdout) == json.loads(emu_lines[-1])
