@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -525,3 +526,43 @@ def test_nchw_training_batch_norm_runs_one_block_per_channel() -> None:
     assert not past_single_read(16 * 56 * 56, "fp16")  # ... at batch 16: 50,176 elements, 98 KB (the card: 3x faster)
     # the per-byte figure is batch-independent: N*H*W / (3 * N*C*H*W * 2) = 1 / (6 C)
     assert channel_elems_per_byte(64 * 3136, 3 * 64 * 256 * 3136 * 2) == pytest.approx(1 / (6 * 256))
+
+
+def test_misaligned_gemms_on_hopper_price_by_alignment() -> None:
+    # Note [Misaligned GEMMs on Hopper]: GPT-2's LM head, (8192 x 768) @ (768 x 50257) in fp16, is 2 * 8192 * 768 *
+    # 50257 = 632.4 GFLOP. On an H200 (989.4 TFLOP/s fp16 dense) with its odd N it runs at 0.17 x tc_eff (0.75) = 0.13
+    # of the peak, ~126 TFLOP/s: ~5.0 ms (the card: 6.3 ms forward, 4.3-4.5 ms for the backward's two); BERT-base's
+    # even 30522 at 0.33 x 0.75 = 0.25 of it (~245 TFLOP/s: 384.2 GFLOP in ~1.57 ms; the card: 1.50-1.61 ms). An A100
+    # keeps Note [Misaligned GEMMs]'s half peak for both.
+    from gpemu.cost.model import (
+        HOPPER_MISALIGNED_EVEN,
+        HOPPER_MISALIGNED_ODD,
+        MISALIGNED_TC_FRACTION,
+        peak_flops,
+    )
+    from gpemu.cost.registry import gemm_alignment, op_cost
+
+    assert (gemm_alignment(768, 50257), gemm_alignment(768, 30522), gemm_alignment(768, 3072)) == (1, 2, 8)
+    assert gemm_alignment(8192, 50257) == 1 and gemm_alignment(1024, 1020) == 4
+    aten = torch.ops.aten
+    a = torch.empty(8192, 768, dtype=torch.float16, device="meta")
+    b = torch.empty(768, 50257, dtype=torch.float16, device="meta")
+    cost = op_cost(aten.mm.default, (a, b), {}, aten.mm(a, b))
+    assert (cost.tensor_core, cost.gemm_align, cost.flops) == (False, 1, 2 * 8192 * 768 * 50257)
+    h200, a100 = get_gpu("h200"), get_gpu("a100")
+    fp16_peak = h200.peak_tflops["fp16"] * 1e12 * h200.load_clock_ratio
+    assert peak_flops(h200, "fp16", "matmul", False, 1) == pytest.approx(fp16_peak * HOPPER_MISALIGNED_ODD)
+    assert peak_flops(h200, "fp16", "matmul", False, 2) == pytest.approx(fp16_peak * HOPPER_MISALIGNED_EVEN)
+    # rows M alone misaligned (K and N aligned): the fallback of Note [Misaligned GEMMs]
+    assert peak_flops(h200, "fp16", "matmul", False, 8) == pytest.approx(fp16_peak * MISALIGNED_TC_FRACTION)
+    a100_peak = a100.peak_tflops["fp16"] * 1e12 * a100.load_clock_ratio
+    assert peak_flops(a100, "fp16", "matmul", False, 1) == pytest.approx(a100_peak * MISALIGNED_TC_FRACTION)
+    t = op_time_s_of(aten.mm.default, (a, b), h200)
+    assert 4.0e-3 < t < 6.0e-3  # 632.4e9 / (989.4e12 * 0.17 * 0.75) = 5.01 ms, plus the fill ramp
+
+
+def op_time_s_of(func: Any, args: tuple[Any, ...], gpu: Any) -> float:
+    """Return the roofline's kernel seconds of one aten op on meta tensors."""
+    from gpemu.cost.roofline import op_time_s
+
+    return op_time_s(func, args, {}, func(*args), gpu)

@@ -249,6 +249,22 @@ def uses_tensor_cores(spec: GPUSpec, dtype: str, category: str, tensor_core: boo
 MISALIGNED_TC_FRACTION = 0.5
 
 
+# Note [Misaligned GEMMs on Hopper]
+# Hopper's warpgroup GEMMs (and datacenter Blackwell's tcgen05 ones) load their tiles with the tensor memory
+# accelerator, which needs 16-byte-aligned strides: a 16-bit GEMM whose K or N (the leading dimensions; the rows M
+# never are one) is not a multiple of 8 elements falls back to Ampere-style kernels, far from the new peak. An H200
+# (bench/data/h200-2026-11-27, torch.profiler, AMP at batch 16 x 512 tokens, cuBLAS of CUDA 13.0) ran GPT-2's LM head
+# (vocabulary 50,257: odd) at 100 / 140 / 147 TFLOP/s (forward addmm, the two backward mms: 0.10-0.15 of its 989
+# TFLOP/s peak) and BERT-base's (30,522: even) at 239 / 240 / 256 (0.24-0.26), where its aligned layer GEMMs reached
+# 600-700. Note [Misaligned GEMMs]'s half peak (x tc_eff: 0.375 of the datasheet) priced both at 371: 3.6x and 1.5x
+# too fast. On cc 9.0-11.x a misaligned 16-bit GEMM therefore gets HOPPER_MISALIGNED_EVEN of the peak when K and N
+# are even (x tc_eff = 0.25 of the datasheet) and HOPPER_MISALIGNED_ODD when one is odd (0.13). Earlier GPUs keep the
+# half peak (Karpathy's A100 figure). Convolutions with unaligned channels (an image model's 3-channel first layer)
+# are not GEMMs in this sense and keep Note [Misaligned GEMMs]'s price.
+HOPPER_MISALIGNED_EVEN = 0.33
+HOPPER_MISALIGNED_ODD = 0.17
+
+
 # Note [Narrow groups on CUDA cores]
 # A grouped convolution whose group width (input channels per group) is not a multiple of 8 -- every depthwise
 # convolution, and ResNeXt-50 32x4d's 4-channel groups -- has no channel reduction to feed a tensor core: cuDNN's
@@ -281,20 +297,22 @@ MISALIGNED_TC_FRACTION = 0.5
 # batch >= 32). Leave-one-GPU-out (bench/predict_validation.py), K80 fwd+bwd median / p90: spec-model 38.1 / 48.7
 # -> 19.8 / 33.4 %, scaled from the M40 33.4 / 42.6 -> 13.5 / 24.2 %. Nothing here is fitted to the K80's rows:
 # 562 and 705 MHz are NVIDIA's figures, and no other GPU of the catalog sets either field.
-def peak_flops(spec: GPUSpec, dtype: str, category: str, tensor_core: bool) -> float:
+def peak_flops(spec: GPUSpec, dtype: str, category: str, tensor_core: bool, gemm_align: int = 8) -> float:
     """Return the peak FLOP/s an op of this dtype/category runs against on `spec`: the tensor-core peak where
     uses_tensor_cores, else the CUDA-core one (see Note [Time model]), at the sustained clock (Note [Sustained
-    clock])."""
-    return _boost_peak_flops(spec, dtype, category, tensor_core) * spec.load_clock_ratio
+    clock]); `gemm_align` a GEMM's leading-dimension alignment (Note [Misaligned GEMMs on Hopper])."""
+    return _boost_peak_flops(spec, dtype, category, tensor_core, gemm_align) * spec.load_clock_ratio
 
 
-def _boost_peak_flops(spec: GPUSpec, dtype: str, category: str, tensor_core: bool) -> float:
+def _boost_peak_flops(spec: GPUSpec, dtype: str, category: str, tensor_core: bool, gemm_align: int = 8) -> float:
     fp32 = spec.peak_tflops["fp32"] * 1e12
     if dtype == "fp64":
         return spec.peak_tflops["fp64"] * 1e12 or fp32 / 32
     if uses_tensor_cores(spec, dtype, category, tensor_core):
         peak = spec.peak_tflops["tf32" if dtype in ("fp32", "tf32") else dtype] * 1e12
         if dtype in ("fp16", "bf16") and not tensor_core:  # Note [Misaligned GEMMs]
+            if category == "matmul" and gemm_align < 8 and warpgroup_gemms(spec):  # Note [Misaligned GEMMs on Hopper]
+                return peak * (HOPPER_MISALIGNED_EVEN if gemm_align >= 2 else HOPPER_MISALIGNED_ODD)
             return peak * MISALIGNED_TC_FRACTION
         return peak
     if dtype in ("fp16", "bf16"):
@@ -354,6 +372,8 @@ class OpArrays:
     row_ramp: np.ndarray | None = None  # layer norms: Note [Layer-norm row length]; 1 elsewhere
     channel_per_byte: np.ndarray | None = None  # NCHW training batch norms: one channel's elements per byte the op
     # moves (batch-independent), 0 elsewhere (Note [Batch norm, one block per channel])
+    gemm_align: np.ndarray | None = None  # GEMMs: leading-dimension alignment in elements, 8 elsewhere (Note
+    # [Misaligned GEMMs on Hopper])
 
     def at_batch(self, batch_size: float) -> tuple[np.ndarray, np.ndarray]:
         """Return (flops, bytes) at `batch_size` (batch-linear arrays) or the stored ones."""
@@ -383,7 +403,7 @@ class OpArrays:
                         sub(self.plane), sub(self.layout), sub(self.relayout_bytes), sub(self.relayout_bytes_per_sample),
                         sub(self.pointwise), sub(self.group_width), sub(self.out_channels), sub(self.conv_batch),
                         sub(self.conv_batch_per_sample), sub(self.attn_scale), sub(self.row_ramp),
-                        sub(self.channel_per_byte))
+                        sub(self.channel_per_byte), sub(self.gemm_align))
 
 
 _PHASE_ID = {"forward": 0, "backward": 1, "optimizer": 2}
@@ -470,6 +490,7 @@ def op_arrays(records: Sequence[Any]) -> OpArrays:
         row_ramp=np.array([layer_norm_row_ramp(r.name, _first_shape(r)) for r in records], dtype=np.float64),
         channel_per_byte=np.array([channel_elems_per_byte(float(getattr(r, "channel_elems", 0.0)), r.bytes)
                                    for r in records], dtype=np.float64),
+        gemm_align=np.array([int(getattr(r, "gemm_align", 8)) for r in records], dtype=np.int64),
     )
 
 
@@ -757,13 +778,14 @@ def streams(spec: GPUSpec, dtype: str, category: str, name: str, m_stream: float
 def spec_columns(ops: OpArrays, spec: GPUSpec, tc_eff: float, m_stream: float = 0.0) -> SpecColumns:
     """Return the GPU-dependent per-op constants for `ops` on `spec` (`tc_eff`: Note [Tensor-core efficiency];
     `m_stream`: Note [16-bit streaming], 0 = off)."""
-    cache: dict[tuple[str, str, bool], tuple[float, bool]] = {}
+    cache: dict[tuple[str, str, bool, int], tuple[float, bool]] = {}
     n = len(ops.names)
     peaks, on_tc = np.empty(n), np.zeros(n, dtype=bool)
-    for i, (cat, dt, tc) in enumerate(zip(ops.category, ops.dtype, ops.tensor_core.tolist(), strict=True)):
-        key = (cat, dt, tc)
+    aligns = ops.gemm_align.tolist() if ops.gemm_align is not None else [8] * n
+    for i, (cat, dt, tc, al) in enumerate(zip(ops.category, ops.dtype, ops.tensor_core.tolist(), aligns, strict=True)):
+        key = (cat, dt, tc, int(al))
         if key not in cache:
-            cache[key] = (peak_flops(spec, dt, cat, tc), uses_tensor_cores(spec, dt, cat, tc))
+            cache[key] = (peak_flops(spec, dt, cat, tc, int(al)), uses_tensor_cores(spec, dt, cat, tc))
         peaks[i], on_tc[i] = cache[key]
     mem = np.array([_MEM_IDX[mem_param(c, bool(ph))] for c, ph in zip(ops.category, ops.phase, strict=True)])
     plane = ops.plane if ops.plane is not None else np.full(n, np.inf)

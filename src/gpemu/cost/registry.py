@@ -50,6 +50,8 @@ class OpCost:
     relayout_bytes: float = 0.0  # conv ops: activation bytes a layout transpose moves once (Note [Layout cost])
     channel_elems: float = 0.0  # NCHW training batch norm: elements one channel's block reduces, N*H*W (Note [Batch
     # norm, one block per channel] in model.py); 0 elsewhere
+    gemm_align: int = 8  # GEMMs: the largest of 8, 4, 2, 1 elements dividing both leading dimensions, K and N (Note
+    # [Misaligned GEMMs on Hopper] in model.py); 8 elsewhere
 
 
 CostFn = Callable[[Sequence[Any], dict[str, Any], Any], OpCost]
@@ -151,18 +153,26 @@ def mm_flops(a_shape: Sequence[int], b_shape: Sequence[int]) -> int:
     return 2 * batch * m * k * n
 
 
+def gemm_alignment(k: int, n: int) -> int:
+    """Return the largest of 8, 4, 2, 1 elements that divides both of a GEMM's leading dimensions (K: the reduction,
+    N: the output columns); the rows M are never a stride (Note [Misaligned GEMMs on Hopper] in model.py)."""
+    return next(a for a in (8, 4, 2, 1) if k % a == 0 and n % a == 0)
+
+
 @register_cost(aten.mm, aten.bmm)
 def _mm(args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> OpCost:
     a, b = args[0], args[1]
     dt = dtype_key(a.dtype)
-    return OpCost(mm_flops(a.shape, b.shape), io_bytes(args, kwargs, out), "matmul", dt, _tc(dt, *a.shape[-2:], b.shape[-1]))
+    return OpCost(mm_flops(a.shape, b.shape), io_bytes(args, kwargs, out), "matmul", dt, _tc(dt, *a.shape[-2:], b.shape[-1]),
+                  gemm_align=gemm_alignment(a.shape[-1], b.shape[-1]))
 
 
 @register_cost(aten.addmm, aten.baddbmm)
 def _addmm(args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> OpCost:
     a, b = args[1], args[2]
     dt = dtype_key(a.dtype)
-    return OpCost(mm_flops(a.shape, b.shape), io_bytes(args, kwargs, out), "matmul", dt, _tc(dt, *a.shape[-2:], b.shape[-1]))
+    return OpCost(mm_flops(a.shape, b.shape), io_bytes(args, kwargs, out), "matmul", dt, _tc(dt, *a.shape[-2:], b.shape[-1]),
+                  gemm_align=gemm_alignment(a.shape[-1], b.shape[-1]))
 
 
 # -- convolution ---------------------------------------------------------------------------------------------------

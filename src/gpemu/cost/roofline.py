@@ -107,7 +107,7 @@ def cost_time_s(cost: OpCost, name: str, spec: GPUSpec, params: CostParams | Non
     compute = 0.0
     on_tc = False
     if cidx >= 0:
-        peak = peak_flops(spec, cost.dtype, cost.category, cost.tensor_core)
+        peak = peak_flops(spec, cost.dtype, cost.category, cost.tensor_core, cost.gemm_align)
         on_tc = uses_tensor_cores(spec, cost.dtype, cost.category, cost.tensor_core)
         e_c = p[COMPUTE_PARAMS[cidx]]
         if cidx in (2, 3) and group_width > 1:  # See Note [Group width]

@@ -20,7 +20,7 @@ from gpemu.cost.registry import op_cost, op_name, tensor_layout
 from gpemu.errors import GpemuError, UnknownNameError
 from gpemu.paths import cache_dir
 
-TRACE_VERSION = 10  # bump when what a trace records changes (invalidates the disk cache)
+TRACE_VERSION = 11  # bump when what a trace records changes (invalidates the disk cache)
 TRACE_DTYPES: tuple[str, ...] = ("fp32", "fp16", "bf16", "amp", "amp_bf16")
 OPTIMIZERS: tuple[str, ...] = ("sgd", "sgd-gpemu", "adam", "adamw")
 # Note [GPEmu-era step]
@@ -59,6 +59,7 @@ class OpRecord:
     layout: str = ""  # conv / batch-norm ops: "nchw" or "nhwc" (Note [Memory format] in gpemu.cost.registry)
     relayout_bytes: float = 0.0  # conv ops: activation bytes (what a cuDNN layout transpose reads and writes once)
     channel_elems: float = 0.0  # NCHW training batch norm: N*H*W (Note [Batch norm, one block per channel])
+    gemm_align: int = 8  # GEMMs: element alignment of K and N (Note [Misaligned GEMMs on Hopper])
 
     @property
     def gpemu_phase(self) -> str:
@@ -117,7 +118,7 @@ class _Recorder(TorchDispatchMode):
         out_shapes, _ = _shapes(out)
         self.records.append(OpRecord(op_name(func), self.phase, cost.category, float(cost.flops), float(cost.bytes),
                                      cost.dtype, cost.tensor_core, in_shapes, out_shapes, in_dtypes, cost.layout,
-                                     float(cost.relayout_bytes), float(cost.channel_elems)))
+                                     float(cost.relayout_bytes), float(cost.channel_elems), int(cost.gemm_align)))
         return out
 
 
