@@ -566,3 +566,20 @@ def op_time_s_of(func: Any, args: tuple[Any, ...], gpu: Any) -> float:
     from gpemu.cost.roofline import op_time_s
 
     return op_time_s(func, args, {}, func(*args), gpu)
+
+
+def test_layer_norm_row_half_scales_with_bandwidth_per_sm_cycle() -> None:
+    # Note [Layer-norm row length]: half-way at 590 elements on the H200 (4.8 TB/s / (132 SMs x 1.98 GHz) = 18.37
+    # B/cycle/SM); an RTX 4090's forward: 1008 GB/s / (128 x 2.52 GHz) = 3.125 B/cycle/SM -> 590 x 3.125 / 18.37 = 100.4
+    # (its sustained clock as the catalog prices it); the backward keeps the H200's 590 everywhere
+    from gpemu.cost.model import layer_norm_row_half, layer_norm_row_ramp
+
+    h200, rtx4090 = get_gpu("h200"), get_gpu("rtx4090")
+    assert layer_norm_row_half(h200) == pytest.approx(590.0)
+    per_sm_cycle = rtx4090.load_memory_bw_gbps * 1e9 / (rtx4090.sm_count * rtx4090.load_clock_mhz * 1e6)
+    assert layer_norm_row_half(rtx4090) == pytest.approx(590.0 * per_sm_cycle / (4.8e12 / (132 * 1.98e9)))
+    assert 90 < layer_norm_row_half(rtx4090) < 110
+    vit_row = (64, 197, 192)  # vit_tiny: rows of 192
+    assert layer_norm_row_ramp("native_layer_norm", vit_row, rtx4090) == pytest.approx(
+        192 / (192 + layer_norm_row_half(rtx4090)))
+    assert layer_norm_row_ramp("native_layer_norm_backward", vit_row, rtx4090) == pytest.approx(192 / (192 + 590))

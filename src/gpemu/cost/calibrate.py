@@ -69,7 +69,7 @@ def _concat(parts: Sequence[OpArrays]) -> OpArrays:
                     cat("flops_per_sample"), cat("bytes_per_sample"), cat("views_before"),
                     cat("plane"), pointwise=cat("pointwise"), group_width=cat("group_width"),
                     out_channels=cat("out_channels"), conv_batch=cat("conv_batch"), attn_scale=cat("attn_scale"),
-                    row_ramp=cat("row_ramp"), channel_per_byte=cat("channel_per_byte"), gemm_align=cat("gemm_align"))
+                    row_len=cat("row_len"), channel_per_byte=cat("channel_per_byte"), gemm_align=cat("gemm_align"))
 
 
 class _GpuBlock:

@@ -369,7 +369,7 @@ class OpArrays:
     conv_batch: np.ndarray | None = None  # dense convolutions: samples (the input's first dimension), 0 elsewhere;
     conv_batch_per_sample: np.ndarray | None = None  # batch-linear like flops (Note [bf16 convolutions before Ampere])
     attn_scale: np.ndarray | None = None  # fused attention ops: Note [Attention kernels on Hopper]; 1 elsewhere
-    row_ramp: np.ndarray | None = None  # layer norms: Note [Layer-norm row length]; 1 elsewhere
+    row_len: np.ndarray | None = None  # layer norms: their row length R (Note [Layer-norm row length]); 0 elsewhere
     channel_per_byte: np.ndarray | None = None  # NCHW training batch norms: one channel's elements per byte the op
     # moves (batch-independent), 0 elsewhere (Note [Batch norm, one block per channel])
     gemm_align: np.ndarray | None = None  # GEMMs: leading-dimension alignment in elements, 8 elsewhere (Note
@@ -402,7 +402,7 @@ class OpArrays:
                         self.bytes[idx], sub(self.flops_per_sample), sub(self.bytes_per_sample), sub(self.views_before),
                         sub(self.plane), sub(self.layout), sub(self.relayout_bytes), sub(self.relayout_bytes_per_sample),
                         sub(self.pointwise), sub(self.group_width), sub(self.out_channels), sub(self.conv_batch),
-                        sub(self.conv_batch_per_sample), sub(self.attn_scale), sub(self.row_ramp),
+                        sub(self.conv_batch_per_sample), sub(self.attn_scale), sub(self.row_len),
                         sub(self.channel_per_byte), sub(self.gemm_align))
 
 
@@ -487,7 +487,8 @@ def op_arrays(records: Sequence[Any]) -> OpArrays:
                              for r in records], dtype=np.float64),
         attn_scale=np.array([attention_shape_scale(r.name, getattr(r, "in_shapes", ()), r.flops)
                              if r.category == "attention" else 1.0 for r in records], dtype=np.float64),
-        row_ramp=np.array([layer_norm_row_ramp(r.name, _first_shape(r)) for r in records], dtype=np.float64),
+        row_len=np.array([float(_first_shape(r)[-1]) if r.name in _ROW_NORM_OPS and _first_shape(r) else 0.0
+                          for r in records], dtype=np.float64),
         channel_per_byte=np.array([channel_elems_per_byte(float(getattr(r, "channel_elems", 0.0)), r.bytes)
                                    for r in records], dtype=np.float64),
         gemm_align=np.array([int(getattr(r, "gemm_align", 8)) for r in records], dtype=np.int64),
@@ -835,7 +836,7 @@ def spec_columns(ops: OpArrays, spec: GPUSpec, tc_eff: float, m_stream: float = 
         sm_count=spec.sm_count,
         clock_hz=spec.load_clock_mhz * 1e6,
         tc_conv=on_tc & np.isin(compute_param, CONV_COMPUTE_PARAMS),
-        row_ramp=ops.row_ramp if ops.row_ramp is not None else np.ones(n),
+        row_ramp=row_ramps(ops.row_len, ops.names, spec) if ops.row_len is not None else np.ones(n),
         channel_cycles_per_byte=channel_per_byte / np.array([bn_channel_rate(name) for name in ops.names]),
         channel_floor_bytes=np.array([BN_SINGLE_READ_BYTES / (cpb * _ELEM_BYTES.get(d, 4)) if cpb > 0 else np.inf
                                       for cpb, d in zip(channel_per_byte, ops.dtype, strict=True)]),
@@ -870,18 +871,45 @@ def plane_efficiency(plane: Any, half: Any) -> torch.Tensor:
 # check had layer norm 3-4x faster than the card (bench/op_validation.py: 0.22-0.31 of the measured time). So a
 # layer norm's memory efficiency carries the factor R / (R + LAYER_NORM_ROW_HALF), R the last dimension, on every
 # GPU: the mechanism is the kernel's, not Hopper's; the constant is the H200's. Softmax and group norm keep theirs
-# (no measurement).
+# (no measurement). Session 13: what a short row wastes is a block's fixed per-row cycles, against the data its SM
+# would stream meanwhile, so the half-way row length scales with the GPU's bandwidth per SM cycle (the H200: 18.4
+# bytes; an RTX 4090: 3.1, half-way at 100 elements; an A100: 13.4, at 430). With the H200's 590 on every GPU, timm's
+# published AMP inference rows of the layer-norm models went 20-30 points slower than measured on the RTX boards
+# (session 12; vit_tiny on an RTX 4090 +16 -> -14 %, convnext_tiny -14 -> -35 %); scaled, the 4090's PyTorch 2.4 NCHW
+# rows are 10.7 / 28.2 % (median / p90; 13.4 / 40.8 with 590, 8.8 / 24.4 before session 12). The backward keeps the
+# H200's constant: on the H200 itself it is still priced at 0.47-0.68 of the measured time for rows of 192-768
+# (its weight-gradient reduction is a second kernel the ramp does not describe), so a cheaper backward elsewhere has
+# no support; scaling it too moved Lambda's BERT SQuAD rows from 12.0 to 13.0 % median (forward only: 12.4).
 LAYER_NORM_ROW_HALF = 590.0
+LAYER_NORM_REF_BYTES_PER_SM_CYCLE = 4.8e12 / (132 * 1.98e9)  # the H200's: 4.8 TB/s over 132 SMs at 1,980 MHz
 _ROW_NORM_OPS = frozenset({"native_layer_norm", "native_layer_norm_backward"})
 
 
-def layer_norm_row_ramp(name: str, shape: Sequence[int]) -> float:
-    """Return R / (R + LAYER_NORM_ROW_HALF) for a layer norm over rows of R = shape[-1] elements, else 1 (Note
+def row_ramps(row_len: np.ndarray, names: Sequence[str], spec: GPUSpec) -> np.ndarray:
+    """Return each op's layer-norm row ramp on `spec` from its row length (1 where it has none: Note [Layer-norm row
+    length])."""
+    rows = np.asarray(row_len, dtype=np.float64)
+    half = np.array([layer_norm_row_half(None if n.endswith("_backward") else spec) for n in names])
+    return np.where(rows > 0, rows / (rows + half), 1.0)
+
+
+def layer_norm_row_half(spec: GPUSpec | None) -> float:
+    """Return the row length at which `spec`'s layer norms reach half their ceiling (Note [Layer-norm row length]):
+    LAYER_NORM_ROW_HALF scaled by the GPU's bytes per SM cycle against the H200's (its value without a spec)."""
+    if spec is None:
+        return LAYER_NORM_ROW_HALF
+    per_sm_cycle = spec.load_memory_bw_gbps * 1e9 / (spec.sm_count * spec.load_clock_mhz * 1e6)
+    return LAYER_NORM_ROW_HALF * per_sm_cycle / LAYER_NORM_REF_BYTES_PER_SM_CYCLE
+
+
+def layer_norm_row_ramp(name: str, shape: Sequence[int], spec: GPUSpec | None = None) -> float:
+    """Return R / (R + half) for a layer norm over rows of R = shape[-1] elements on `spec`, else 1 (Note
     [Layer-norm row length]); the backward's first input is its grad_out, of the same shape."""
     if name not in _ROW_NORM_OPS or not shape:
         return 1.0
     row = float(shape[-1])
-    return row / (row + LAYER_NORM_ROW_HALF) if row > 0 else 1.0
+    half = layer_norm_row_half(None if name.endswith("_backward") else spec)
+    return row / (row + half) if row > 0 else 1.0
 
 
 # Note [Batch norm, one block per channel]

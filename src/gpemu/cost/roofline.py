@@ -239,7 +239,7 @@ def op_time_s(func: Any, args: Sequence[Any], kwargs: dict[str, Any], out: Any, 
                         out_channels=conv_out_channels(name, cost.category, shapes),
                         samples=float(shapes[0][0]) if cost.category == "conv" and shapes and shapes[0] else 0.0,
                         attn_scale=attention_shape_scale(name, shapes, cost.flops) if cost.category == "attention"
-                        else 1.0, row_ramp=layer_norm_row_ramp(name, shapes[0]) if shapes else 1.0)
+                        else 1.0, row_ramp=layer_norm_row_ramp(name, shapes[0], spec) if shapes else 1.0)
     if len(_cache) >= _CACHE_LIMIT:
         _cache.clear()
     _cache[key] = value
