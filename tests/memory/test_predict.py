@@ -44,6 +44,8 @@ def test_cublas_workspace_policy() -> None:
     assert cublas_workspace_bytes("v100", config="") == 4096 * 1024 * 2 + 16 * 1024 * 8  # 8519680
     assert cublas_workspace_bytes("h100-sxm5-80gb", config="") == 32 * MIB
     assert parse_workspace_config(":4096:8") == 32 * MIB  # 4096 KiB * 8
+    assert parse_workspace_config(":0:0") == 0 and parse_workspace_config("garbage") is None
+    assert cublas_workspace_bytes("h100-sxm5-80gb", config=":0:0") == 0  # none, not the default
     off = predict_memory("v100", "resnet18", 2, iterations=2, cublas_workspace=False)
     on = predict_memory("v100", "resnet18", 2, iterations=2, cublas_workspace=True)
     tags = on["top_allocations_mib"]

@@ -51,6 +51,9 @@ def test_the_workspace_follows_cublas_workspace_config(monkeypatch: pytest.Monke
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
     cuda, fwd, _ = _linear_step("h200")
     assert fwd - cuda == 262_144 + 16 * 1024 * 8
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":0:0")  # none at all: the output alone
+    cuda, fwd, bwd = _linear_step("h200")
+    assert (fwd - cuda, bwd - cuda) == (262_144, 4_194_304 + 4_096)
 
 
 def test_replay_leaves_the_workspace_out_of_the_module() -> None:

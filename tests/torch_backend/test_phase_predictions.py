@@ -447,3 +447,30 @@ def test_a_step_before_the_backward_pass_leaves_the_phase_scaled(tmp_path: Path,
     finally:
         gt.uninstall()
     assert steps[3] == pytest.approx(forward + backward, rel=1e-6)
+
+
+
+_FIRST_STEP = """
+import gc, weakref, torch
+import gpemu.torch_backend as gt
+gt.install("a100", replay=False)
+gc.disable()
+lin = torch.nn.Linear(1024, 1024).cuda()
+x = torch.randn(64, 1024, device="cuda")
+y = lin(x)
+y.sum().backward()
+ref = weakref.ref(y)
+del y
+print("freed" if ref() is None else "held")
+"""
+
+
+def test_the_first_forward_leaves_no_cycle_holding_its_output() -> None:
+    # Note [Imports inside the first forward]: with the collector off, the first step's output (64 x 1024 x 4 =
+    # 262,144 bytes of a Linear(1024, 1024) at batch 64) must be freed by `del`, as on a GPU. A fresh interpreter:
+    # this module has imported torchvision already, which hides the cycle.
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _FIRST_STEP], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip().splitlines()[-1] == "freed", out.stdout + out.stderr

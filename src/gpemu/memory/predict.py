@@ -317,7 +317,8 @@ def _simulate_autocast(spec: GPUSpec, workload: str, batch_size: int, dtype: str
         parameter_bytes = alloc.memory_allocated()
         inputs, target = zoo.example_batch(workload, batch_size, device="cuda")
         batch_bytes = alloc.memory_allocated() - parameter_bytes
-        if cublas_workspace and any(isinstance(m, (nn.Linear, nn.MultiheadAttention)) for m in model.modules()):
+        if (cublas_workspace and cublas_workspace_bytes(spec) > 0
+                and any(isinstance(m, (nn.Linear, nn.MultiheadAttention)) for m in model.modules())):
             # See Note [cuBLAS workspaces in the autocast simulation]
             stream_id = emu.current_stream(0).stream_id
             threads = ("main",) if mode == "infer" else ("main", "autograd")

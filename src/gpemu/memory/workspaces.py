@@ -25,9 +25,12 @@ DEFAULT_WORKSPACE_BYTES = 4096 * 1024 * 2 + 16 * 1024 * 8  # 8519680 B, CublasHa
 BIG_WORKSPACE_BYTES = 4096 * 1024 * 8  # 33554432 B on sm_90 / sm_100 / sm_120
 
 
-def parse_workspace_config(config: str) -> int:
-    """Return the bytes a CUBLAS_WORKSPACE_CONFIG string (":4096:8" or ":4096:2:16:8") asks for (0 if unparsable)."""
+def parse_workspace_config(config: str) -> int | None:
+    """Return the bytes a CUBLAS_WORKSPACE_CONFIG string (":4096:8", ":4096:2:16:8", ":0:0" for none) asks for, None
+    if it is unparsable (torch then uses its default)."""
     pairs = re.findall(r":([0-9]+):([0-9]+)", config)
+    if not pairs:
+        return None
     return sum(int(size_kib) * 1024 * int(count) for size_kib, count in pairs)
 
 
@@ -37,7 +40,7 @@ def cublas_workspace_bytes(gpu: GPUSpec | str, config: str | None = None) -> int
         config = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
     if config:
         parsed = parse_workspace_config(config)
-        if parsed:
+        if parsed is not None:
             return parsed
     major = get_gpu(gpu).compute_capability[0]
     return BIG_WORKSPACE_BYTES if major in (9, 10, 12) else DEFAULT_WORKSPACE_BYTES

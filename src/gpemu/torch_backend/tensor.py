@@ -1053,8 +1053,12 @@ def cublas_workspace(emu: Any, index: int, stream_id: int) -> None:
     allocator = emu.devices[index].allocator
     thread = "autograd" if torch._C._current_autograd_node() is not None else "main"
     key = (f"cublas ({thread} thread)", stream_id)
+    size_bytes = cublas_workspace_bytes(emu.devices[index].spec)
+    if size_bytes <= 0:  # CUBLAS_WORKSPACE_CONFIG=:0:0 asks for none
+        _cublas_done.add((index, stream_id))
+        return
     if key not in allocator._workspaces:
-        allocator.ensure_workspace(key[0], stream_id, cublas_workspace_bytes(emu.devices[index].spec))
+        allocator.ensure_workspace(key[0], stream_id, size_bytes)
     if all((f"cublas ({t} thread)", stream_id) in allocator._workspaces for t in ("main", "autograd")):
         _cublas_done.add((index, stream_id))
 
