@@ -341,6 +341,12 @@ class PhaseTracker:
         self.scale = None
         self.args = _PREDICTED_ARGS
 
+    # Note [Imports inside the first forward]: model identification (identify_model) reads torchvision's model list,
+    # and importing torchvision from the first top-module forward's pre-hook left a reference cycle through the
+    # import's frames that reached up the call stack to Module._call_impl's frame, whose closure cell later held the
+    # forward's output: `del y` after the first step did not free it until the garbage collector ran
+    # (memory_allocated() 256 KiB high after a Linear(1024, 1024) step at batch 64, depending on what ran before).
+    # The import happens at install.
     def warm(self) -> None:
         """Load the profile database and torchvision now, so the first forward does not pay for them inside the timed
         step (Note [Imports inside the first forward])."""
@@ -349,13 +355,6 @@ class PhaseTracker:
                 import gpemu.profiles  # noqa: F401
         with contextlib.suppress(ImportError):
             import torchvision.models  # noqa: F401
-
-
-# Note [Imports inside the first forward]: model identification (identify_model) reads torchvision's model list, and
-# importing torchvision from the first top-module forward's pre-hook left a reference cycle through the import's
-# frames that reached up the call stack to Module._call_impl's frame, whose closure cell later held the forward's
-# output: `del y` after the first step did not free it until the garbage collector ran (memory_allocated() 256 KiB
-# high after a Linear(1024, 1024) step at batch 64, depending on what ran before). The import happens at install.
 
     def uninstall(self) -> None:
         """Remove the global module hooks."""

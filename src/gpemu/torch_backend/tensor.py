@@ -1031,9 +1031,9 @@ def _alias(elem: torch.Tensor, index: int, mk: tuple[Any, ...] | None) -> EmuTen
 # torch gives every (cuBLAS handle, stream) pair a workspace from the caching allocator at its first GEMM and keeps it
 # for the process (Note [Library workspaces] in gpemu.memory.workspaces): 32 MiB on Hopper and Blackwell, 8.1 MiB
 # before, or what CUBLAS_WORKSPACE_CONFIG asks. Handles are per thread and autograd runs the backward on its own
-# device thread, so a training loop holds two: memory_allocated() on a real H200 reads 64 MiB above the tensors after
-# the first backward with a Linear layer. The emulated device allocates the same at the first cuBLAS op of each
-# (thread, stream). Module replay leaves them out of what a recorded forward holds or peaks at (they are not the
+# device thread, so a training loop holds two (a real H200's resnet50 AMP step kept 363.7 MiB allocated: 300.5 of
+# tensors and 2 x 32 MiB; session 12, docs/memory.md). The emulated device allocates them at the first cuBLAS op of
+# each (thread, stream). Module replay leaves them out of what a recorded forward holds or peaks at (they are not the
 # module's: `_Window` in replay.py, `live_since` in the allocator), so replay starts when it did without them.
 _CUBLAS_OPS: frozenset[Any] = frozenset(
     getattr(torch.ops.aten, name).default for name in ("mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "dot",
