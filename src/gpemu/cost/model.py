@@ -889,7 +889,8 @@ def row_ramps(row_len: np.ndarray, names: Sequence[str], spec: GPUSpec) -> np.nd
     """Return each op's layer-norm row ramp on `spec` from its row length (1 where it has none: Note [Layer-norm row
     length])."""
     rows = np.asarray(row_len, dtype=np.float64)
-    half = np.array([layer_norm_row_half(None if n.endswith("_backward") else spec) for n in names])
+    backward = np.array([n.endswith("_backward") for n in names], dtype=bool)
+    half = np.where(backward, layer_norm_row_half(None), layer_norm_row_half(spec))  # the backward keeps the H200's
     return np.where(rows > 0, rows / (rows + half), 1.0)
 
 

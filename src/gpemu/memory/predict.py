@@ -15,7 +15,7 @@ from gpemu.errors import GpemuError, UnknownNameError
 from gpemu.hardware import GPUSpec, get_gpu
 from gpemu.memory.autograd_compat import cuda_dropout, cuda_sdpa, legacy_hardtanh
 from gpemu.memory.tracker import MemoryTracker
-from gpemu.memory.workspaces import cublas_workspace_bytes
+from gpemu.memory.workspaces import CUBLAS_THREADS, cublas_workspace_bytes, ensure_cublas_workspace
 
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "fp64": torch.float64}
 
@@ -321,9 +321,8 @@ def _simulate_autocast(spec: GPUSpec, workload: str, batch_size: int, dtype: str
                 and any(isinstance(m, (nn.Linear, nn.MultiheadAttention)) for m in model.modules())):
             # See Note [cuBLAS workspaces in the autocast simulation]
             stream_id = emu.current_stream(0).stream_id
-            threads = ("main",) if mode == "infer" else ("main", "autograd")
-            for thread in threads:
-                alloc.ensure_workspace(f"cublas ({thread} thread)", stream_id, cublas_workspace_bytes(spec))
+            for thread in CUBLAS_THREADS[:1] if mode == "infer" else CUBLAS_THREADS:
+                ensure_cublas_workspace(alloc, stream_id, cublas_workspace_bytes(spec), thread)
         if mode == "infer":  # Note [Inference memory]
             model.eval()
             for _ in range(iterations):

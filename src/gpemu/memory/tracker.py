@@ -14,6 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from gpemu.device.allocator import CachingAllocator
+from gpemu.memory.workspaces import ensure_cublas_workspace
 
 # Note [Tracking storages on meta]
 # A meta tensor has shape, dtype and a StorageImpl with nbytes but no memory. Every op output whose StorageImpl we
@@ -93,8 +94,7 @@ class _TrackingMode(TorchDispatchMode):
         tracker = self.tracker
         if tracker.cublas_workspace_bytes and func in _MATMUL_OPS:
             # See Note [Library workspaces] in gpemu.memory.workspaces
-            thread = "autograd" if torch._C._current_autograd_node() is not None else "main"
-            tracker.allocator.ensure_workspace(f"cublas ({thread} thread)", tracker.stream_id, tracker.cublas_workspace_bytes)
+            ensure_cublas_workspace(tracker.allocator, tracker.stream_id, tracker.cublas_workspace_bytes)
         out = func(*args, **(kwargs or {}))
         flat, _ = tree_flatten(out)
         tag = tracker.tag

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import re
+from typing import Any
+
+import torch
 
 from gpemu.hardware import GPUSpec, get_gpu
 
@@ -44,3 +47,20 @@ def cublas_workspace_bytes(gpu: GPUSpec | str, config: str | None = None) -> int
             return parsed
     major = get_gpu(gpu).compute_capability[0]
     return BIG_WORKSPACE_BYTES if major in (9, 10, 12) else DEFAULT_WORKSPACE_BYTES
+
+
+CUBLAS_THREADS = ("main", "autograd")  # the handles of a training loop: the forward's thread and autograd's
+
+
+def cublas_kind(thread: str) -> str:
+    """Return the allocator's workspace kind of one thread's cuBLAS handle."""
+    return f"cublas ({thread} thread)"
+
+
+def ensure_cublas_workspace(allocator: Any, stream_id: int, size_bytes: int, thread: str | None = None) -> bool:
+    """Allocate `thread`'s cuBLAS workspace on `stream_id` once (the calling thread's when None: autograd's inside a
+    backward pass); return True when every thread of CUBLAS_THREADS now holds one there."""
+    if thread is None:
+        thread = "autograd" if torch._C._current_autograd_node() is not None else "main"
+    allocator.ensure_workspace(cublas_kind(thread), stream_id, size_bytes)
+    return all((cublas_kind(t), stream_id) in allocator._workspaces for t in CUBLAS_THREADS)

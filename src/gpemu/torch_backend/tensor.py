@@ -1046,20 +1046,13 @@ _cublas_done: set[tuple[int, int]] = set()  # (device, stream) pairs whose two t
 def cublas_workspace(emu: Any, index: int, stream_id: int) -> None:
     """Allocate the cuBLAS workspace of this thread's handle on `stream_id` once (Note [cuBLAS workspace in the
     drop-in])."""
-    from gpemu.memory.workspaces import cublas_workspace_bytes
+    from gpemu.memory.workspaces import cublas_workspace_bytes, ensure_cublas_workspace
 
     if not emu.cublas_workspace:
         return
-    allocator = emu.devices[index].allocator
-    thread = "autograd" if torch._C._current_autograd_node() is not None else "main"
-    key = (f"cublas ({thread} thread)", stream_id)
     size_bytes = cublas_workspace_bytes(emu.devices[index].spec)
-    if size_bytes <= 0:  # CUBLAS_WORKSPACE_CONFIG=:0:0 asks for none
-        _cublas_done.add((index, stream_id))
-        return
-    if key not in allocator._workspaces:
-        allocator.ensure_workspace(key[0], stream_id, size_bytes)
-    if all((f"cublas ({t} thread)", stream_id) in allocator._workspaces for t in ("main", "autograd")):
+    # CUBLAS_WORKSPACE_CONFIG=:0:0 asks for none
+    if size_bytes <= 0 or ensure_cublas_workspace(emu.devices[index].allocator, stream_id, size_bytes):
         _cublas_done.add((index, stream_id))
 
 
