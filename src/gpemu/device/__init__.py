@@ -2,6 +2,7 @@
 
 from gpemu.device.clock import Clock, ManualClock, RealClock
 from gpemu.device.gpu import DeviceListener, DeviceStats, EmulatedGPU
+from gpemu.device.graph import GraphCapture, GraphCaptureError
 from gpemu.device.timeline import Engine, Event, Stream, Work
 from gpemu.device.trace import TraceRecorder
 
@@ -12,6 +13,8 @@ __all__ = [
     "EmulatedGPU",
     "Engine",
     "Event",
+    "GraphCapture",
+    "GraphCaptureError",
     "ManualClock",
     "RealClock",
     "Stream",

@@ -40,7 +40,8 @@ ROUND_LARGE_BYTES = 2 * MIB  # kRoundLarge: larger requests get a segment rounde
 #   num_alloc_retries, try again; if that fails, count num_ooms and raise OutOfMemoryError with CUDA's message.
 # - empty_cache releases every fully-free segment.
 # Not modelled: max_split_size_mb / roundup_power2_divisions / expandable_segments (PYTORCH_CUDA_ALLOC_CONF),
-# record_stream (cross-stream use delays reuse), CUDA graphs private pools, physical fragmentation of the card.
+# record_stream (cross-stream use delays reuse), physical fragmentation of the card. CUDA graphs' private pools
+# are pools keyed by a negative id (Note [CUDA graphs] in graph.py), kept while a graph holds them (hold_pool).
 
 
 class EmulatedOutOfMemoryError(torch.cuda.OutOfMemoryError):
@@ -292,6 +293,7 @@ class CachingAllocator:
         self.num_device_free = 0
         self._workspaces: dict[tuple[str, int], int] = {}
         self.workspace_bytes = 0  # block bytes of the live library workspaces (ensure_workspace)
+        self._held_pools: dict[int, int] = {}  # private graph pool id -> live graphs using it (Note [CUDA graphs])
 
     @property
     def _alloc_bytes(self) -> _AllocatedBytesView:
@@ -562,9 +564,19 @@ class CachingAllocator:
         if prev is not None or nxt is not None:  # still part of a split segment: an inactive split block
             _add_inactive_split(pc, ac, bsize)
 
+    def hold_pool(self, pool_id: int, graphs: int = 1) -> None:
+        """Count `graphs` more (or, negative, fewer) live CUDA graphs using private pool `pool_id`: while any does, its
+        cached segments are kept by empty_cache and the OOM retry, as torch keeps a live graph's pool."""
+        held = self._held_pools.get(pool_id, 0) + graphs
+        if held > 0:
+            self._held_pools[pool_id] = held
+        else:
+            self._held_pools.pop(pool_id, None)
+
     def _release_cached_segments(self) -> None:
+        held = self._held_pools
         for addr, segment in list(self._segments.items()):
-            if not segment.is_free():
+            if not segment.is_free() or (held and segment.stream_id in held):
                 continue
             head = segment.head
             assert head is not None

@@ -23,6 +23,7 @@ from typing import Any
 
 from gpemu.device.clock import Clock, RealClock
 from gpemu.device.gpu import EmulatedGPU
+from gpemu.device.graph import GraphCapture
 from gpemu.device.timeline import Event, Stream, Work
 from gpemu.device.trace import TraceRecorder
 from gpemu.errors import GpemuError
@@ -179,6 +180,26 @@ class Emulator:
         """Launch forward then backward (GPEmu's backward includes the optimizer step); return the backward Work."""
         self.run_phase(workload, "forward", batch_size, dtype, stream)
         return self.run_phase(workload, "backward", batch_size, dtype, stream)
+
+    # -- CUDA graphs (Note [CUDA graphs] in graph.py) -------------------------------------------------------------
+    @contextlib.contextmanager
+    def capture(self, stream: Stream | None = None, mode: str = "global") -> Iterator[GraphCapture]:
+        """Capture the work issued to `stream` (default: a new stream) inside the block into a CUDA graph; yields it.
+
+        Inside, pass the stream to h2d / compute / run_phase; nothing runs until `replay(graph)`.
+        """
+        s = stream if stream is not None else self.stream()
+        if s is s.device.default_stream:
+            raise GpemuError("capture: CUDA graphs must be captured on a non-default stream (emu.stream())")
+        graph = s.device.begin_capture(s, -(s.stream_id + (1 << 30)), mode)  # a private pool of its own
+        try:
+            yield graph
+        finally:
+            graph.end()
+
+    def replay(self, graph: GraphCapture, stream: Stream | None = None) -> list[Work]:
+        """Launch a captured graph on `stream` (default: its device's default stream): one launch, host continues."""
+        return graph.replay(stream if stream is not None else graph.device.default_stream)
 
     # -- synchronisation -----------------------------------------------------------------------------------------
     def record_event(self, stream: Stream | None = None, enable_timing: bool = True) -> Event:

@@ -10,6 +10,7 @@ from typing import Protocol
 
 from gpemu.device.allocator import CachingAllocator
 from gpemu.device.clock import Clock, RealClock
+from gpemu.device.graph import GraphCapture, GraphCaptureError
 from gpemu.device.timeline import DEFAULT_LAUNCH_QUEUE_DEPTH, Engine, Stream, Work
 from gpemu.device.trace import TraceRecorder
 from gpemu.hardware import GPUSpec, get_gpu
@@ -60,6 +61,7 @@ class EmulatedGPU:
         self.streams: list[Stream] = [self.default_stream]
         self.stats = DeviceStats()
         self._listeners: tuple[DeviceListener, ...] = ()
+        self.captures: set[GraphCapture] = set()  # CUDA graph captures underway (Note [CUDA graphs] in graph.py)
         self.allocator = CachingAllocator(
             self.memory_limit_bytes,
             int(self.spec.context_mib * 1024**2),
@@ -97,8 +99,30 @@ class EmulatedGPU:
 
         return remove
 
+    def begin_capture(self, stream: Stream, pool_id: int, mode: str = "global") -> GraphCapture:
+        """Start capturing a CUDA graph on `stream` into allocator pool `pool_id` (Note [CUDA graphs])."""
+        if mode not in ("global", "thread_local", "relaxed"):
+            raise GraphCaptureError(f"capture_error_mode {mode!r}: expected 'global', 'thread_local' or 'relaxed'")
+        capture = GraphCapture(stream, pool_id, mode)
+        with self.lock:
+            self.captures.add(capture)
+        return capture
+
+    def check_not_capturing(self, reason: str) -> None:
+        """Raise GraphCaptureError if a host synchronisation (`reason`) is illegal now: a capture is underway in
+        "global" mode (any thread) or in "thread_local" mode on this thread ("relaxed" allows it), as in CUDA."""
+        for capture in self.captures:
+            if capture.mode == "global" or (capture.mode == "thread_local" and capture.thread == threading.get_ident()):
+                raise GraphCaptureError(
+                    f"{reason} while CUDA graph {capture.graph_id} is being captured on cuda:{self.index}: operation "
+                    "not permitted when stream is capturing (cudaErrorStreamCaptureUnsupported, as on a GPU). Move "
+                    "host reads (.item(), .cpu(), printing a tensor), synchronize calls and pageable host-to-device "
+                    "copies out of the captured region.")
+
     def host_wait(self, deadline_s: float, reason: str = "wait") -> float:
         """Block the calling host thread until `deadline_s`; return the seconds waited (recorded in stats/trace)."""
+        if self.captures:
+            self.check_not_capturing(reason)
         start = self.clock.now()
         if deadline_s <= start:
             return 0.0

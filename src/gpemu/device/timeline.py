@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from gpemu.device.gpu import EmulatedGPU
+    from gpemu.device.graph import GraphCapture
 
 EngineName = Literal["compute", "h2d", "d2h"]
 
@@ -60,6 +61,8 @@ class Stream:
         self.t_done = 0.0
         self._pending: deque[float] = deque()  # end times of launched, maybe unfinished work
         self._lock = threading.Lock()
+        self.capture: GraphCapture | None = None  # the CUDA graph this stream is capturing into (Note [CUDA graphs])
+        self.pool_id = self.stream_id  # the allocator pool of work issued here: the stream's, or a graph's private one
 
     def __repr__(self) -> str:
         return f"<emulated Stream {self.stream_id} on cuda:{self.device.index} t_done={self.t_done:.6f}>"
@@ -78,6 +81,8 @@ class Stream:
         `launches` is how many kernel launches the item stands for (a replayed phase stands for all of its kernels):
         they occupy that many launch-queue slots, finishing evenly over the item. See Note [Launch queue].
         """
+        if self.capture is not None:  # See Note [CUDA graphs] in graph.py
+            return self.capture.add_work(self, duration_s, name, engine, category, args or {}, launches)
         device = self.device
         launches = max(1, launches)
         depth = device.launch_queue_depth
@@ -99,18 +104,20 @@ class Stream:
         return work
 
     def _place(self, earliest_s: float, eng: Engine, duration_s: float, name: str, engine: EngineName, category: str,
-               args: dict[str, object], launches: int, host_s: float) -> Work:
-        """Schedule one item after `earliest_s`, the stream and the engine; record it (caller holds the lock)."""
+               args: dict[str, object], launches: int, host_s: float, queued: bool = True) -> Work:
+        """Schedule one item after `earliest_s`, the stream and the engine; record it (caller holds the lock).
+        `queued=False`: the item takes no launch-queue slot (a node of a replayed CUDA graph)."""
         start = max(earliest_s, self.t_done, eng.t_free)
         span_s = max(0.0, duration_s)
         end = start + span_s
         self.t_done = end
         eng.t_free = end
         eng.busy_s += end - start
-        if launches == 1:
-            self._pending.append(end)
-        else:
-            self._pending.extend([start + span_s * (i + 1) / launches for i in range(launches)])  # list: faster
+        if queued:
+            if launches == 1:
+                self._pending.append(end)
+            else:
+                self._pending.extend([start + span_s * (i + 1) / launches for i in range(launches)])  # list: faster
         work = Work(name, engine, self.stream_id, self.device.index, host_s, start, end, category, args)
         self.device._record(work)
         return work
@@ -131,6 +138,9 @@ class Stream:
         """Launch (duration_s, name, category, args, launches) items back to back, then block the host once until the
         launch queue has room (Note [Batched launches]); return their Works."""
         device = self.device
+        if self.capture is not None:  # See Note [CUDA graphs] in graph.py
+            return [self.capture.add_work(self, duration_s, name, engine, category, args, launches)
+                    for duration_s, name, category, args, launches in items]
         with device.lock:
             now = device.clock.now()
             eng = device.engines[engine]
@@ -157,11 +167,16 @@ class Stream:
 
     def wait_event(self, event: Event) -> None:
         """Make later work on this stream wait until `event` has completed (no host wait)."""
-        if event.t_s is not None:
+        if event.capture is not None and event.capture.capturing:  # a fork or join inside a CUDA graph capture
+            event.capture.add_wait(self, event.number)
+        elif event.t_s is not None and self.capture is None:
             self.t_done = max(self.t_done, event.t_s)
 
     def wait_stream(self, other: Stream) -> None:
         """Make later work on this stream wait for all work queued so far on `other`."""
+        if self.capture is not None or other.capture is not None:  # as torch does it: an event record and wait
+            self.wait_event(other.record_event())
+            return
         self.t_done = max(self.t_done, other.t_done)
 
     def record_event(self, event: Event | None = None) -> Event:
@@ -172,6 +187,8 @@ class Stream:
 
     def query(self) -> bool:
         """Return True when all queued work has finished."""
+        if self.capture is not None:
+            self.device.check_not_capturing(f"stream {self.stream_id} query")
         return self.device.clock.now() >= self.t_done
 
     def synchronize(self) -> None:
@@ -186,10 +203,18 @@ class Event:
         self.enable_timing = enable_timing
         self.t_s: float | None = None
         self.device: EmulatedGPU | None = None
+        self.capture: GraphCapture | None = None  # recorded inside this CUDA graph capture (Note [CUDA graphs])
+        self.number = -1  # its number in that capture
 
     def record(self, stream: Stream) -> None:
         """Mark the current tail of `stream` (or now, if the stream is idle)."""
         self.device = stream.device
+        if stream.capture is not None:  # a node of the graph, not a time
+            self.capture = stream.capture
+            self.number = stream.capture.add_record(stream)
+            self.t_s = None
+            return
+        self.capture = None
         self.t_s = max(stream.device.clock.now(), stream.t_done)
 
     def query(self) -> bool:

@@ -152,7 +152,7 @@ def hold_casts(func: Any, args: Any, kwargs: Any, index: int) -> None:
             key = object()
         else:
             continue
-        held[key] = (index, device.allocator.malloc(x.numel() * size, emu.current_stream(index).stream_id,
+        held[key] = (index, device.allocator.malloc(x.numel() * size, emu.current_stream(index).pool_id,
                                                     "autocast cast"))
 
 

@@ -70,8 +70,8 @@ class Stream:
         return self._stream.query()
 
     def is_capturing(self) -> bool:
-        """Return False: CUDA graph capture is not emulated."""
-        return False
+        """Return True while this stream is capturing a CUDA graph (Note [CUDA graphs])."""
+        return self._stream.capture is not None
 
     def synchronize(self) -> None:
         """Block the host until the stream is idle."""
@@ -437,7 +437,7 @@ def caching_allocator_alloc(size: int, device: Any = None, stream: Any = None) -
     pointer for caching_allocator_delete."""
     emu = state.require()
     index = device_index(device)
-    stream_id = stream.stream_id if isinstance(stream, Stream) else emu.current_stream(index).stream_id
+    stream_id = stream._stream.pool_id if isinstance(stream, Stream) else emu.current_stream(index).pool_id
     handle = emu.devices[index].allocator.malloc(int(size), stream_id, "caching_allocator_alloc")
     if not handle:  # size 0: torch returns a null pointer
         return 0

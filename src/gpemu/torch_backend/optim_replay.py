@@ -128,7 +128,7 @@ def _replay(optimizer: Any, entry: _Entry) -> None:
     emu = state.require()
     assert entry.ready is not None
     alloc = emu.devices[entry.index].allocator
-    stream_id = emu.current_stream(entry.index).stream_id
+    stream_id = emu.current_stream(entry.index).pool_id  # the allocator pool (Note [CUDA graphs])
     tmp = alloc.malloc(entry.transient_bytes, stream_id, "replay: optimizer temporaries") if (
         entry.transient_bytes > 0) else None
     _charge_chunks(emu, entry.index, entry.ready)

@@ -18,6 +18,7 @@ from gpemu.torch_backend import (
     accelerator_api,
     cuda_api,
     default_device,
+    graphs,
     hf_generate,
     legacy,
     nvml,
@@ -405,8 +406,11 @@ def cuda_functions(emu: state.Emulation) -> dict[str, Any]:
         "StreamContext": cuda_api.StreamContext,
         "utilization": cuda_api.utilization,
         "list_gpu_processes": cuda_api.list_gpu_processes,
-        **{name: cuda_api.graphs_unsupported(name) for name in ("CUDAGraph", "graph", "make_graphed_callables",
-                                                                 "graph_pool_handle")},
+        # Note [CUDA graphs] in gpemu/device/graph.py; torch's own make_graphed_callables runs on these
+        "CUDAGraph": graphs.CUDAGraph,
+        "graph": graphs.graph,
+        "graph_pool_handle": graphs.graph_pool_handle,
+        "make_graphed_callables": torch.cuda.graphs.make_graphed_callables,
         **{name: cuda_api.nvml_unsupported(name) for name in ("temperature", "power_draw", "memory_usage",
                                                                "current_blas_handle")},
         # Note [Driver queries with a modelled answer] in cuda_api.py
@@ -422,7 +426,7 @@ def cuda_functions(emu: state.Emulation) -> dict[str, Any]:
         "set_per_process_memory_fraction": cuda_api.set_per_process_memory_fraction,
         "ipc_collect": lambda: None,
         "is_initialized": lambda: True,
-        "is_current_stream_capturing": lambda: False,
+        "is_current_stream_capturing": graphs.is_current_stream_capturing,
         "init": lambda: None,
         "_lazy_init": lambda: None,
         "memory_allocated": _mem("memory_allocated"),
@@ -501,7 +505,7 @@ def accelerator_functions(emu: state.Emulation) -> dict[str, Any]:
         "get_memory_info": accelerator_api.get_memory_info,
         "get_device_capability": accelerator_api.get_device_capability,
         "empty_host_cache": accelerator_api.empty_host_cache,
-        **{name: cuda_api.graphs_unsupported(name) for name in ("Graph",)},
+        "Graph": graphs.AcceleratorGraph,  # Note [CUDA graphs] in gpemu/device/graph.py
     }
     return {name: fn if isinstance(fn, type) else _distinct(fn) for name, fn in shared.items()}
 
@@ -569,6 +573,7 @@ def apply(emu: state.Emulation, patcher: Patcher) -> None:
         if hasattr(cuda_random, name):
             patcher.set(cuda_random, name, getattr(torch.cuda, name))
     legacy.apply(patcher)
+    graphs.apply(patcher)
     nvml.apply(patcher)  # Note [Emulated NVML]
     profiling.apply(patcher)
     serialization.apply(patcher)

@@ -71,6 +71,7 @@ from gpemu.torch_backend.fusion import FusionGroups, compiled_module, marked_com
 PhaseLookup = Callable[[str, str, str, int, str], "float | None"]
 
 _PREDICTED_ARGS: dict[str, object] = {"timing": "predicted"}
+_CAPTURED_ARGS: dict[str, object] = {"timing": "predicted", "captured": True}  # Note [Phases and CUDA graphs]
 _CACHE_MAX = 4096
 
 
@@ -313,6 +314,19 @@ class PhaseTracker:
         self.regional_tops: set[int] = set()  # ids of top modules in which a compiled submodule ran
         self.fused_fraction: dict[tuple[str, int, str, str, str], float] = {}  # fused / unfused per-op sum
         self.replayed = False  # a replayed chunk was charged in the open phase (replay._charge_chunks sets it)
+        # Note [Phases and CUDA graphs]: a phase target (measured or predicted) holds the host's dispatch between
+        # kernels, which a graph replay does not have, and the scale is the target over the phase's per-op sum. So
+        # ops charged while a capture is underway keep their per-op (kernel) predictions and stay out of the sums,
+        # and a phase in which a graph was replayed is neither scaled from then on nor remembered as a basis (its
+        # per-op sum misses the replayed kernels). Note [CUDA graphs] in gpemu/device/graph.py.
+        self.capturing = 0  # CUDA graph captures underway (graphs.CUDAGraph)
+        self.graph_replayed = False  # a CUDA graph was replayed in the open phase
+
+    def graph_replay(self) -> None:
+        """Note that a CUDA graph was replayed: the open phase runs on per-op predictions from here on."""
+        self.graph_replayed = True
+        self.scale = None
+        self.args = _PREDICTED_ARGS
 
     def install(self) -> None:
         """Register the global module hooks."""
@@ -364,6 +378,8 @@ class PhaseTracker:
 
     def charge(self, predicted_s: float) -> tuple[float, dict[str, object]]:
         """Return (duration, trace args) for one op predicted at `predicted_s`, and add it to the phase sum."""
+        if self.capturing:  # See Note [Phases and CUDA graphs]
+            return predicted_s, _CAPTURED_ARGS
         phase = self.phase
         if phase == "forward" or phase == "backward":
             self.sums[phase] += predicted_s
@@ -539,6 +555,9 @@ class PhaseTracker:
         if self.phase == "eval" and self.eval_key is not None and self.sums["eval"] > 0:  # Note [Evaluation passes]
             self.prev[(*self.eval_key, "inference")] = self.sums["eval"]
             self.eval_key = None
+        if self.graph_replayed:  # See Note [Phases and CUDA graphs]
+            self.graph_replayed = False
+            return
         if self.key is not None and self.phase in ("forward", "backward") and self.sums[self.phase] > 0:
             self.prev[(*self.key, self.phase)] = self.sums[self.phase]
             if self.compiled_step and not self.replayed:  # See Note [Compiled regions] in fusion.py

@@ -385,7 +385,7 @@ class _ReplayFn(torch.autograd.Function):
         ctx.params = direct.params if isinstance(direct, _Detached) else tensors[len(tensors) - rec.n_params:]
         device = emu.devices[rec.index]
         alloc = device.allocator
-        stream_id = emu.current_stream(rec.index).stream_id
+        stream_id = emu.current_stream(rec.index).pool_id  # the allocator pool (Note [CUDA graphs])
         for chunks, event in rec.fwd_segments:  # See Note [Replay with host reads], Note [Copies in forward]
             _charge_chunks(emu, rec.index, chunks)
             if event is None:
@@ -435,7 +435,7 @@ class _ReplayFn(torch.autograd.Function):
         emu = state.require()
         index = rec.index
         alloc = emu.devices[index].allocator
-        stream_id = emu.current_stream(index).stream_id
+        stream_id = emu.current_stream(index).pool_id  # the allocator pool (Note [CUDA graphs])
         if rec.fwd_only:  # See Note [Forwards without backward]
             _warn_fwd_only(emu.replay)
             rec.stale = True

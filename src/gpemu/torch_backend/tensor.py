@@ -335,7 +335,7 @@ def wrap(elem: torch.Tensor, index: int, requires_grad: bool = False, tag: str =
     if rec is None:
         emu = state.require()
         handle = emu.devices[index].allocator.malloc(
-            elem.untyped_storage().nbytes(), emu.current_stream(index).stream_id, tag
+            elem.untyped_storage().nbytes(), emu.current_stream(index).pool_id, tag
         )
         rec = _live[key] = [handle, 0, index]
     rec[1] += 1
@@ -849,7 +849,7 @@ def fresh(shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype, i
     """Return a new EmuTensor with its own fresh storage (wrap() without reading metadata back from meta)."""
     emu = state.require()
     return fresh_on(shape, stride, dtype, index, tag, emu.devices[index].allocator.malloc,
-                    emu.current_stream(index).stream_id)
+                    emu.current_stream(index).pool_id)
 
 
 # Note [Block wrappers]: the replayed backward gives every parameter a new gradient each step (resnet50: 161). Built
@@ -1101,7 +1101,7 @@ def run_op(func: Any, args: Any, kwargs: Any) -> Any:
                 _charge_on(emu, stream, index, name, cost, "kernel", fusible)
             if kind == _FRESH:
                 allocator = emu.devices[index].allocator
-                malloc, stream_id = allocator.malloc, stream.stream_id
+                malloc, stream_id = allocator.malloc, stream.pool_id
                 if isinstance(meta[0], tuple):
                     return fresh_on(meta[0], meta[1], meta[2], index, tag, malloc, stream_id)
                 if meta[0] is list and len(meta[1]) >= _BLOCK_MIN:  # See Note [Foreach outputs]
