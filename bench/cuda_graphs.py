@@ -5,6 +5,7 @@ Usage: .venv/bin/python bench/cuda_graphs.py [--gpu h100] [--steps 20]
 Two host-bound workloads, each run eagerly and through CUDA graphs (Note [CUDA graphs] in gpemu/device/graph.py):
   mlp     a 16-layer Linear(512) + ReLU network, batch 16, fwd + bwd + SGD; graphed by make_graphed_callables
   r18inf  torchvision resnet18 inference at batch 1, the whole forward captured with torch.cuda.graph
+  r18cmp  torchvision resnet18 training at batch 8: eager, torch.compile default, mode="reduce-overhead"
 It prints, per workload and mode, the wall time per step on the emulated timeline, the GPU busy time per step, the
 GPU's share of the wall time, and the graph's captured kernel count. Eager wall time is bound by this machine's own
 dispatch (the emulator's per-op host time, or module replay's), not by a prediction of PyTorch's dispatch on the
@@ -86,6 +87,29 @@ def r18_inference(emu: gt.Emulation, steps: int) -> list[tuple[str, float, float
     return [("eager", *eager, 0), ("torch.cuda.graph", *graphed, kernels)]
 
 
+def r18_compiled(emu: gt.Emulation, steps: int) -> list[tuple[str, float, float, int]]:
+    """Return rows of resnet18 training at batch 8: eager, torch.compile (default mode) and mode="reduce-overhead"
+    (Note [Compiled with CUDA graphs]); each mode on a fresh model, the emulation shared."""
+    import torchvision
+
+    rows = []
+    for mode in ("eager", "default", "reduce-overhead"):
+        model = torchvision.models.resnet18().cuda()
+        net = model if mode == "eager" else torch.compile(model, mode=mode)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x = torch.randn(8, 3, 224, 224, device="cuda")
+        y = torch.randint(0, 1000, (8,), device="cuda")
+
+        def step(net: nn.Module = net, opt: torch.optim.Optimizer = opt, x: torch.Tensor = x,
+                 y: torch.Tensor = y) -> None:
+            nn.functional.cross_entropy(net(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+
+        rows.append((mode if mode == "eager" else f"torch.compile {mode}", *_timed(emu, step, steps), 0))
+    return rows
+
+
 def main() -> None:
     """Run both workloads eager and graphed; print the table."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -96,7 +120,7 @@ def main() -> None:
     table = Table(title=f"CUDA graphs on an emulated {args.gpu} (timeline of this host's run)")
     for col in ("workload", "mode", "wall ms/step", "GPU busy ms/step", "GPU share", "graph kernels"):
         table.add_column(col, justify="left" if col in ("workload", "mode") else "right")
-    for name, fn in (("mlp b16 train", mlp), ("resnet18 b1 infer", r18_inference)):
+    for name, fn in (("mlp b16 train", mlp), ("resnet18 b1 infer", r18_inference), ("resnet18 b8 train", r18_compiled)):
         emu = gt.install(args.gpu)
         try:
             rows = fn(emu, args.steps)

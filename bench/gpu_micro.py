@@ -221,6 +221,74 @@ def bench_launch(rows: Rows) -> None:
              note="issue + drain, per op")  # fmt: skip
 
 
+def bench_graph(rows: Rows) -> None:
+    """Per-kernel time of in-place adds replayed from a CUDA graph, tiny (1 element) and 4 MiB: what a graph-replayed
+    small kernel costs without host dispatch (Note [CUDA graphs]: captured ops keep their eager per-op prices)."""
+    n = 200
+    for numel in (1, 1 << 20):
+        x = torch.zeros(numel, device="cuda")
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            x.add_(1)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(n):
+                x.add_(1)
+        for _ in range(3):
+            graph.replay()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(20):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        rows.add(kind="graph", name="add_", dtype="fp32", shape=str(numel),
+                 time_s=start.elapsed_time(end) / 1e3 / (20 * n), bytes_=2 * x.numel() * x.element_size(),
+                 note=f"per kernel, {n} adds replayed from one CUDA graph")  # fmt: skip
+
+
+def bench_decode(rows: Rows) -> None:
+    """nvJPEG through torchvision: per-image decode time of ImageNet-sized JPEGs (500 x 375, quality 90) on the GPU,
+    batched (64) and one by one, and libjpeg-turbo on one host core: what a GPU-decode price needs (Note [nvJPEG])."""
+    import io
+
+    import numpy as np
+    import torchvision
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    base = rng.integers(0, 255, (375 // 8 + 1, 500 // 8 + 1, 3), dtype=np.uint8)  # smooth-ish content, not noise
+    datas = []
+    for i in range(64):
+        img = Image.fromarray(np.roll(base, i, axis=1)).resize((500, 375), Image.BILINEAR)
+        buf = io.BytesIO()
+        img.save(buf, format="JPEG", quality=90)
+        datas.append(torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8))
+    pixels = 500 * 375
+    mean_bytes = sum(d.numel() for d in datas) / len(datas)
+    torchvision.io.decode_jpeg(datas, device="cuda")  # warm-up: nvJPEG handles, buffers
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(5):
+        torchvision.io.decode_jpeg(datas, device="cuda")
+    torch.cuda.synchronize()
+    batched_s = (time.perf_counter() - t0) / (5 * len(datas))
+    t0 = time.perf_counter()
+    for d in datas:
+        torchvision.io.decode_jpeg(d, device="cuda")
+    torch.cuda.synchronize()
+    single_s = (time.perf_counter() - t0) / len(datas)
+    t0 = time.perf_counter()
+    for d in datas:
+        torchvision.io.decode_jpeg(d)
+    cpu_s = (time.perf_counter() - t0) / len(datas)
+    for name, seconds in (("nvjpeg_batched64", batched_s), ("nvjpeg_single", single_s), ("cpu_one_core", cpu_s)):
+        rows.add(kind="decode", name=name, dtype="u8", shape="375x500x3", time_s=seconds, bytes_=int(mean_bytes),
+                 note=f"per image (wall, host included); {pixels} pixels, mean {mean_bytes:.0f} B compressed")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run every micro-benchmark group until `--budget-s` is spent; write the CSV after each row."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -230,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = Rows(args.out, time.monotonic() + args.budget_s)
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} cuda {torch.version.cuda} "
           f"cudnn {torch.backends.cudnn.version()}", flush=True)  # fmt: skip
-    for group in (bench_launch, bench_memory_bound, bench_matmul, bench_sdpa, bench_conv):
+    for group in (bench_launch, bench_graph, bench_decode, bench_memory_bound, bench_matmul, bench_sdpa, bench_conv):
         if rows.late():
             print(f"budget spent before {group.__name__}", flush=True)
             break

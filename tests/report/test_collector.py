@@ -232,6 +232,9 @@ def test_compute_time_is_split_by_where_it_came_from() -> None:
     assert timing_line(report["timing"]).startswith("GPU time: 60% calibrated to measured profiles "
                                                     "(resnet50/32/fp32/forward 30.0 ms)")
     assert "all predicted per op" in timing_line({"compute_s_by_source": {"predicted": 1.0}, "calibrated_pct": 0.0})
+    # Note [CUDA graphs]: replayed graph work is labelled apart: 3 of 4 s
+    assert "75% replayed from CUDA graphs" in timing_line({"compute_s_by_source": {"predicted": 1.0, "cuda-graph": 3.0},
+                                                           "calibrated_pct": 0.0})
     # Note [Published bias per GPU]: how the published rows of the GPU lean follows predicted time, never a run
     # calibrated to measured profiles throughout
     lean = [{"gpu": "h100-sxm5-80gb", "model_kind": "lm-pretrain", "rows": 13, "signed_median_pct": 21.05,

@@ -230,3 +230,16 @@ def test_a_captured_zoo_model_keeps_its_kernel_prices_not_the_host_bound_phase_t
         assert eager_busy() == pytest.approx(target_s, rel=1e-6)
     finally:
         gt.uninstall()
+
+
+def test_replayed_graph_work_is_labelled_in_the_trace_args(emu: gt.Emulation) -> None:
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        torch.cuda._sleep(1000)
+        torch.cuda._sleep(1000)
+    capture = g._capture
+    assert capture is not None
+    works = capture.replay(emu.devices[0].default_stream)
+    assert [w.args["timing"] for w in works] == ["cuda-graph"] and works[0].args["kernels"] == 2
+    assert works[0].args["first"] == "cuda_sleep" and works[0].name == f"cuda graph {capture.graph_id}"
+

@@ -142,7 +142,8 @@ class GraphCapture:
                 continue
             if node.kind == WORK:
                 node = Node(WORK, node.stream_id, node.duration_s, f"cuda graph {self.graph_id}", node.engine,
-                            node.category, {"graph": self.graph_id, "first": node.name}, node.launches)
+                            node.category, {"timing": "cuda-graph", "graph": self.graph_id, "first": node.name},
+                            node.launches)
             merged.append(node)
         for node in merged:
             if node.kind == WORK:

@@ -293,6 +293,9 @@ def timing_line(timing: dict[str, Any]) -> str:
             f", expected |error| {v[2]}" if len(v) > 2 and v[2] else "") for k, v in sorted(preds.items())) + ")" if (
             preds) else ""
         parts.append(f"{100.0 * phase_s / total:.0f}% scaled to gpemu's phase predictions{which}")
+    graph_s = float(by_source.get("cuda-graph", 0.0))
+    if graph_s > 0.0:  # Note [CUDA graphs] in gpemu/device/graph.py
+        parts.append(f"{100.0 * graph_s / total:.0f}% replayed from CUDA graphs at their captured per-op predictions")
     compiled = timing.get("compiled") or []
     fused = (f"; torch.compile'd {', '.join(compiled)}: pointwise/norm/reduction chains priced as fused kernels "
              "(Note [Compiled regions])") if compiled else ""

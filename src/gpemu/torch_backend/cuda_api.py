@@ -377,19 +377,6 @@ def _unsupported_class(name: str, message: str) -> type:
     return type(name, (), {"__init__": __init__, "__module__": "torch.cuda", "__doc__": message})
 
 
-def graphs_unsupported(name: str) -> Any:
-    """Return a stand-in for a CUDA graph API (`name`) that raises a GpemuError with the workaround."""
-    message = (f"torch.cuda.{name}: CUDA graph capture/replay is not emulated. Workaround: run the step "
-               "eagerly (turn off the script's CUDA-graph option, e.g. --cuda-graphs / "
-               "enable_cuda_graph=False); torch.compile's mode='reduce-overhead' already runs eager under gpemu.")
-    # Note [Graph classes]: CUDAGraph and graph are classes in torch.cuda, and libraries use them where a class is
-    # needed at import time (transformers annotates `-> torch.cuda.CUDAGraph | None`; others subclass or isinstance
-    # them), so their stand-ins are classes that raise only when constructed; the functions raise when called.
-    if name[:1].isupper() or name == "graph":
-        return _unsupported_class(name, message)
-    return _unsupported(name, message)
-
-
 # Note [Driver queries with a modelled answer]: some torch.cuda calls read the driver or NVML for a figure gpemu models
 # anyway, so they answer from the model instead of failing: `_sleep(cycles)` (torch's own stream tests and tutorials
 # use it to keep a stream busy) is a kernel of `cycles` SM clock ticks at the spec's boost clock (a one-thread spin

@@ -26,6 +26,7 @@ from gpemu.torch_backend import (
     rng,
     serialization,
     state,
+    vision_io,
 )
 from gpemu.torch_backend.ops import (
     KNOWN_VALUE_MAX_BYTES,
@@ -574,6 +575,7 @@ def apply(emu: state.Emulation, patcher: Patcher) -> None:
             patcher.set(cuda_random, name, getattr(torch.cuda, name))
     legacy.apply(patcher)
     graphs.apply(patcher)
+    vision_io.apply(patcher)  # Note [nvJPEG]
     nvml.apply(patcher)  # Note [Emulated NVML]
     profiling.apply(patcher)
     serialization.apply(patcher)
@@ -665,15 +667,31 @@ def _eager_compile(model: Any = None, *args: Any, **kwargs: Any) -> Any:
         print("gpemu: torch.compile runs eager on the emulated GPU; a compiled module's elementwise, norm and "
               "reduction ops are priced as Inductor's fused kernels (docs/drop-in.md)", file=sys.stderr)
     if model is None:
-        return lambda fn: fn
+        return lambda fn: _eager_compile(fn, *args, **kwargs)
     if isinstance(model, torch.nn.Module):
         model.__dict__["_gpemu_compiled"] = True  # not Module.__setattr__: a plain flag, no registration
+        if compiles_cuda_graphs(kwargs):
+            model.__dict__["_gpemu_cudagraphs"] = True
     return model
+
+
+# Note [Compiled with CUDA graphs]: torch.compile's mode="reduce-overhead" (and "max-autotune", and
+# options={"triton.cudagraphs": True}, and backend="cudagraphs") replays the compiled region through CUDA graph trees:
+# after a warm-up call, the region's kernels run from one graph launch, without the host's dispatch between them. A
+# recognised model's phase target (measured or predicted) holds that dispatch, so a module compiled so is priced per
+# op (its streaming ops fused as Inductor's kernels: Note [Compiled regions] in fusion.py) with no phase target, as a
+# captured CUDA graph is (Note [Phases and CUDA graphs] in phases.py). The emulator's own host time per call (module
+# replay: ~1 ms a step) still delays launches: tiny-kernel loops read slower than a GPU's graph replay would.
+def compiles_cuda_graphs(kwargs: dict[str, Any]) -> bool:
+    """Return True when torch.compile's arguments ask for CUDA graphs (Note [Compiled with CUDA graphs])."""
+    options = kwargs.get("options") or {}
+    return (kwargs.get("mode") in ("reduce-overhead", "max-autotune") or kwargs.get("backend") == "cudagraphs"
+            or bool(isinstance(options, dict) and options.get("triton.cudagraphs")))
 
 
 def _eager_module_compile(self: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
     """nn.Module.compile under emulation: mark the module compiled, run it eager (Note [Compiled regions])."""
-    _eager_compile(self)
+    _eager_compile(self, *args, **kwargs)
 
 
 def _empty_caches(emu: Any) -> None:

@@ -446,6 +446,9 @@ class PhaseTracker:
     def _step_key(self, module: torch.nn.Module, batch: Any) -> tuple[str, int, str, str] | None:
         """Return (workload, batch size, dtype, memory format) of a top-module call, or None (per-op pricing)."""
         workload = self._workload(module)
+        compiled = compiled_module(module)
+        if compiled is not None and compiled.__dict__.get("_gpemu_cudagraphs"):
+            return None  # per op: Note [Compiled with CUDA graphs] in patches.py
         if isinstance(module, torch.nn.DataParallel) and len(module.device_ids or []) > 1:
             workload = None  # a profile is one GPU's step; the replicas' ops on N GPUs are not a slice of it
         if workload and not self.model and not _input_matches(workload, batch):  # 64x64 crops: not the profile's step
