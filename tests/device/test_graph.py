@@ -70,3 +70,27 @@ def test_a_host_wait_during_capture_raises_and_relaxed_mode_allows_it() -> None:
         emu.synchronize()  # allowed: nothing waits
     with pytest.raises(GpemuError, match="non-default stream"), emu.capture(emu.devices[0].default_stream):
         pass
+
+
+def test_a_branch_forked_before_later_work_does_not_wait_for_it() -> None:
+    """The side stream waits on an event recorded before the 4 ms kernel was issued: on replay its copy starts with
+    the graph, not after the kernel (the fork point is the event, not the branch's first appearance)."""
+    emu = _emu()
+    dev = emu.devices[0]
+    latency_s = dev.spec.launch_overhead_us * 1e-6
+    main, side = emu.stream(), emu.stream()
+    copy_s = 24e6 / (dev.spec.h2d_pinned_gbps * 1e9)  # a 24 MB copy, ~2 ms: shorter than the kernel
+    with emu.capture(main) as graph:
+        fork = Event()
+        fork.record(main)
+        emu.compute(0.004, stream=main)
+        side.wait_event(fork)
+        work = emu.h2d(24_000_000, pinned=True, non_blocking=True, stream=side)
+        join = Event()
+        join.record(side)
+        main.wait_event(join)
+    assert work.args["captured"] == graph.graph_id
+    works = emu.replay(graph)
+    copy = next(w for w in works if w.engine == "h2d")
+    assert copy.start_s == pytest.approx(latency_s)  # with the graph, beside the kernel
+    assert dev.default_stream.t_done == pytest.approx(latency_s + max(0.004, copy_s))

@@ -328,6 +328,31 @@ def _embedding(args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> OpCost:
     return OpCost(0, 2 * _nbytes(out) + _nbytes(indices), "embedding", dtype_key(weight.dtype))
 
 
+# Note [Embedding bags and scatter-adds]: `_embedding_bag` (nn.EmbeddingBag, F.embedding_bag) fell through to the
+# by-name rule, a pass over every argument: the whole table read per call. DLRM's 1M x 16 fp32 table (64 MB) cost
+# ~40 us per lookup batch on an A100, for a kernel that reads only the nnz rows its bags gather (128 bags of up to 10
+# indices: ~80 KB). Priced like `embedding`: the gathered rows, the indices and offsets, and the outputs written
+# (pooled rows, offset2bag, bag sizes). `index_add_` (how a GPU adds an uncoalesced sparse gradient into its
+# parameter: Note [Sparse tensors] in torch_backend/sparse.py) read and wrote all of `self` by the same rule; it reads
+# the source rows and the index and read-modify-writes only the rows it adds to; out-of-place it copies `self` first.
+@register_cost(aten._embedding_bag, aten._embedding_bag_forward_only)
+def _embedding_bag(args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> OpCost:
+    weight, indices = args[0], args[1]
+    offsets = args[2] if len(args) > 2 and isinstance(args[2], torch.Tensor) else None
+    rows = indices.numel() * math.prod(weight.shape[1:])
+    gathered = rows * weight.element_size()
+    small = _nbytes(indices) + (_nbytes(offsets) if offsets is not None else 0)
+    return OpCost(rows, gathered + small + sum(_nbytes(t) for t in _tensors(out)), "embedding",
+                  dtype_key(weight.dtype))
+
+
+@register_cost(aten.index_add_, aten.index_add)
+def _index_add(args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> OpCost:
+    target, index, source = args[0], args[2], args[3]
+    copy = 0 if out is target else 2 * _nbytes(target)  # in place, or a copy of `self` first
+    return OpCost(source.numel(), 3 * _nbytes(source) + _nbytes(index) + copy, "embedding", dtype_key(source.dtype))
+
+
 @register_cost(aten.embedding_dense_backward)
 def _embedding_bwd(args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> OpCost:
     grad, indices = args[0], args[1]

@@ -170,6 +170,7 @@ class GraphCapture:
         with device.lock:
             now = device.clock.now()
             earliest_s = now + device.spec.launch_overhead_us * 1e-6
+            fork_s = launch.t_done  # the graph starts after the launching stream's queued work
             streams = {self.origin_id: launch}
             events: dict[int, float] = {}
             for node in self.nodes:
@@ -178,7 +179,7 @@ class GraphCapture:
                     stream = self._replay_streams.get(node.stream_id)
                     if stream is None:
                         stream = self._replay_streams[node.stream_id] = device.new_stream()
-                    stream.t_done = max(stream.t_done, launch.t_done)
+                    stream.t_done = max(stream.t_done, fork_s)
                     streams[node.stream_id] = stream
                 if node.kind == WORK:
                     works.append(stream._place(earliest_s, device.engines[node.engine], node.duration_s, node.name,

@@ -93,9 +93,9 @@ def iteration_rows(collector: RunCollector) -> list[dict[str, Any]]:
 # records them (replay.py, Note [Replay path]); from then on a step costs a fraction of the emulator's host time. Those
 # recording steps are slow because of the emulator, not because of the script or the emulated GPU, so they are
 # skipped like the script's own warm-up: after the fixed `warmup`, leading rows whose emulated-op count is more than
-# REPLAY_WARMUP_OPS_RATIO times the median of the rows after them, at most MAX_EMULATOR_WARMUP of them and only while
-# MIN_STEADY_ROWS remain. A script that never replays keeps a steady op count and skips nothing extra. Every row
-# stays in the JSON report.
+# REPLAY_WARMUP_OPS_RATIO times the median of the later rows of the same kind (training or evaluation), at most
+# MAX_EMULATOR_WARMUP of them and only while MIN_STEADY_ROWS remain. A script that never replays keeps a steady op
+# count and skips nothing extra. Every row stays in the JSON report.
 # Note [Recording steps later on]: a model replays once two calls under one key (input shapes, train/eval, ...) ran
 # alike; a later call under a new key (the next batch padded to a new length, a last smaller batch, a switch to
 # evaluation) runs per op once more while it records. Such an iteration is slow because of the emulator, as the
@@ -112,11 +112,15 @@ def _emulator_warmup(rows: list[dict[str, Any]], warmup: int) -> int:
     """Return how many rows after `warmup` are the emulator's recording steps (see Note [Emulator warm-up])."""
     if any(not isinstance(r.get("emulator_ops"), int) for r in rows[warmup:]):  # rows from an older report
         return 0
-    ops: list[int] = [r["emulator_ops"] for r in rows[warmup:]]
+    ops: list[tuple[int, bool]] = [(r["emulator_ops"], bool(r.get("train", True))) for r in rows[warmup:]]
     extra = 0
     while extra < MAX_EMULATOR_WARMUP and len(ops) - extra - 1 >= MIN_STEADY_ROWS:
-        rest = statistics.median(ops[extra + 1:])
-        if ops[extra] <= REPLAY_WARMUP_OPS_RATIO * rest:
+        count, train = ops[extra]
+        # compared with later rows of its own kind: a training step runs more ops than an evaluation batch
+        # (facebookresearch/dlrm with --test-freq: 184 per step vs 42 per test batch, 80 of them), which made the
+        # first three training steps "recording before replay" in a run that never replayed
+        alike = [n for n, t in ops[extra + 1:] if t == train]
+        if len(alike) < MIN_STEADY_ROWS or count <= REPLAY_WARMUP_OPS_RATIO * statistics.median(alike):
             break
         extra += 1
     return extra

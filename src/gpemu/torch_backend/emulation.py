@@ -24,6 +24,7 @@ from gpemu.torch_backend import (
     optim_replay,
     rnn,
     sdpa,
+    sparse,  # noqa: F401 (imported for its op handlers: Note [Sparse tensors])
     state,
 )
 from gpemu.torch_backend.autocast import release_casts

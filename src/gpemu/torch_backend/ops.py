@@ -1086,15 +1086,6 @@ def data_dependent_op(func: Any, args: Any, kwargs: Any, exc: BaseException) -> 
     raise exc
 
 
-@_special(aten.embedding_sparse_backward.default, aten._sparse_coo_tensor_with_dims_and_tensors.default)
-def _sparse_unsupported(func: Any, args: Any, kwargs: Any) -> Any:
-    raise UnsupportedOpError(
-        f"gpemu cannot emulate aten op {func}: sparse tensors (e.g. the gradient of nn.Embedding(sparse=True)) are "
-        "not emulated. Workaround: sparse=False (a dense gradient; use a dense optimizer such as Adam instead of "
-        "SparseAdam), or keep sparse tensors on the CPU."
-    )
-
-
 def _reduce_known(func: Any, args: Any, kwargs: Any) -> Any:
     """A full reduction (max/min/sum): on a tensor whose value is known, the result's value is known too."""
     out = _tensor_mod.run_op(func, args, kwargs)
@@ -1107,6 +1098,49 @@ def _reduce_known(func: Any, args: Any, kwargs: Any) -> Any:
 
 for _op in (aten.max.default, aten.min.default, aten.sum.default, aten.amax.default, aten.amin.default):
     SPECIAL[_op] = _reduce_known
+
+
+# Note [Sampled categories]: `torch.multinomial` (Categorical.sample(), `probs.multinomial(1)`) draws category indices
+# on the GPU, and a reinforcement-learning loop reads them back every environment step (CleanRL's ppo.py:
+# `envs.step(action.cpu().numpy())`). Read back as zeros, every action was 0: CartPole episodes all pushed left and
+# ended after ~9 steps where an untrained (near-uniform) policy's last ~22, so the loop's host work (resets, episode
+# bookkeeping) was not the real run's. A draw's result is now a value the host knows, as randperm's is: drawn from the
+# device's emulated generator (torch.manual_seed seeds it; the host's own RNG is untouched), from the real
+# probabilities when they are known on the host, else uniformly over the categories (the probabilities are not
+# computed), without repeats when `replacement=False`. Indices are always in range, as a GPU's are. Like randperm's,
+# the value is known, not a default: it flows through views and small ops (Categorical's `.T.reshape`, its sample
+# validation and log_prob's index), which costs host time: ~0.16 ms of emulator host per ppo.py environment step
+# (0.65 -> 0.83 ms), and the value hook is not asked. Outputs above KNOWN_VALUE_MAX_BYTES stay unknown (zeros), so
+# large sampling costs no host time.
+@_special(aten.multinomial.default)
+def _multinomial(func: Any, args: Any, kwargs: Any) -> Any:
+    """Run multinomial on meta; its small result reads back as in-range draws (Note [Sampled categories])."""
+    out = run_op(func, args, kwargs)
+    if isinstance(out, EmuTensor) and _nbytes(out) <= KNOWN_VALUE_MAX_BYTES:
+        replacement = bool(args[2] if len(args) > 2 else kwargs.get("replacement", False))
+        value = _sampled_categories(args[0], int(args[1]), replacement, kwargs.get("generator"), out._index)
+        if value is not None:
+            set_known_value(out, value)
+    return out
+
+
+def _sampled_categories(probs: torch.Tensor, num_samples: int, replacement: bool, generator: Any,
+                        index: int) -> torch.Tensor | None:
+    """Return host draws for `multinomial(probs, num_samples, replacement)` (Note [Sampled categories])."""
+    from gpemu.torch_backend import rng
+
+    if generator is None and rng._generators:
+        generator = rng._generators[index]
+    if generator is None:  # no emulated generator to draw from: leave the value unknown
+        return None
+    known = known_value(probs) if _known else None
+    if known is not None:
+        return torch.multinomial(known.double(), num_samples, replacement, generator=generator)
+    rows, categories = tuple(probs.shape[:-1]), int(probs.shape[-1])
+    if replacement:
+        return torch.randint(categories, (*rows, num_samples), generator=generator, dtype=torch.long)
+    keys = torch.rand((*rows, categories), generator=generator)
+    return keys.argsort(dim=-1)[..., :num_samples].contiguous()
 
 
 @_special(aten.allclose.default)

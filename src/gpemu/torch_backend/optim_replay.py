@@ -77,13 +77,15 @@ def _key(optimizer: Any) -> Any:
     for group in optimizer.param_groups:
         ps = group["params"]
         grads = [p.grad for p in ps]
-        # every parameter and gradient an EmuTensor (a sparse one cannot be made: ops._sparse_unsupported); set() of
+        # every parameter and gradient an EmuTensor (sparse gradients are EmuTensors too, never replayed); set() of
         # the types, not an isinstance per tensor (resnet50: 161 parameters, ~0.1 ms a step). See Note [Host overhead]
         if (not set(map(type, ps)) <= _EMU_TYPES or not set(map(type, grads)) <= _GRAD_TYPES) and (
                 not all(isinstance(p, EmuTensor) for p in ps)
                 or not all(g is None or isinstance(g, EmuTensor) for g in grads)):
             return None
         mks = tuple([None if g is None else g._mk for g in grads])
+        if None in mks and any(g is not None and g.layout is not torch.strided for g in grads):
+            return None  # a sparse gradient: its nnz, and so the step's cost, changes (Note [Sparse tensors])
         hyper = tuple(sorted((k, _branch(v)) for k, v in group.items() if k not in ("params", "lr", "initial_lr")))
         parts.append((tuple(map(id, ps)), mks, hyper))
     return tuple(parts)

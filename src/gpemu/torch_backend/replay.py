@@ -286,12 +286,24 @@ def _charge_chunks(emu: Any, index: int, chunks: list[Chunk]) -> None:
 # pytorch/examples vision_transformer's) builds a graph every call and drops it without a backward, so its recording,
 # which waits for the backward that completes it, never finished and the loop never replayed. A hook on the output
 # lives as long as the output's graph (the grad_fn holds it); when the graph dies before that hook ran, the recording
-# is finished as forward-only, and two such calls under one key make it replayable like any other. That inference
-# is only made in eval mode (a training-mode forward updates buffers such as batch norm's counters, which a replay
-# does not) and when the call has a single output that requires grad, so that every backward into the call's graph
-# passes through the hook. If a forward-only replay ever gets a backward (a key first seen in evaluation, then
-# trained), its backward kernels are not known: gpemu warns once, that step's backward charges nothing, and the key
-# records again.
+# is finished as forward-only, and two such calls under one key make it replayable like any other. Every output that
+# requires grad carries the hook (Note [First gradient]), so any backward into the call's graph passes through one.
+# In training mode the inference is made only when the recorded forward changed no buffer of the module (no version
+# counter moved): batch norm's running statistics and counters are updated by a training forward, which a replay
+# does not do. Reinforcement-learning loops pick actions this way, in training mode with grad on and the output read
+# with `.cpu()`: CleanRL's dqn.py (`q_network(obs)`, one output) and sac_continuous_action.py (`actor(x)` in
+# `get_action`, two outputs: mean and log-std) recorded every action-selection call per op while the inference was
+# made only in eval mode and for a single output (a rule from before every output carried the hook), and SAC's run
+# report left a third of its iterations out as "recorded per op". If a forward-only replay ever gets a backward (a key first seen
+# without one, then trained), its backward kernels are not known: gpemu warns once, that step's backward charges
+# nothing, and the key records again.
+def _buffer_versions(module: torch.nn.Module) -> tuple[int, ...]:
+    """Return the version counters of `module`'s buffers: a forward that bumps one updated it (Note [Forwards without
+    backward])."""
+    with _plain_attrs():  # See Note [Tensor attributes from Python]
+        return tuple(b._version for b in module.buffers() if not b.is_inference())
+
+
 def _saved_sizes(allocator: Any, mark: int, outputs: list[Any], added_bytes: int) -> tuple[int, ...] | None:
     """Return the requested bytes of each allocation a recorded forward left live besides its outputs, in order;
     None when the forward's live allocations do not make up the `added_bytes` it added (Note [Saved activations as
@@ -838,6 +850,7 @@ class Replayer:
         rec.n_params = len(params)
         win = _Window(device)
         rng_before = _host_rng_state()
+        buffers_before = _buffer_versions(module) if module.training else ()  # Note [Forwards without backward]
         rec.seq_lo = _next_sequence_nr()
         self._open(rec, rec.fwd, bwd=False)
         try:
@@ -904,7 +917,7 @@ class Replayer:
             self._finish(entry, rec)
         elif rec.ok:
             hook = self._bwd_hook(entry, rec, device, params)
-            if not module.training and sum(1 for t in leaves if t.requires_grad) == 1:  # Note [Forwards without backward]
+            if not module.training or _buffer_versions(module) == buffers_before:  # Note [Forwards without backward]
                 weakref.finalize(hook.sentinel, self._graph_dropped, entry, rec)  # type: ignore[attr-defined]
             for t in leaves:  # every output: the first gradient to arrive opens the backward (Note [First gradient])
                 if t.requires_grad:
@@ -1446,6 +1459,8 @@ def _walk_structure(module: torch.nn.Module) -> _Structure:
         if id(sub) in visited:
             continue
         visited.add(id(sub))
+        if sub.__dict__.get("sparse") is True and "Embedding" in type(sub).__name__:
+            return _Structure(gen, None, (), False)  # sparse gradients: never replayed (Note [Sparse tensors])
         if (sub._forward_hooks or sub._forward_pre_hooks or sub._backward_hooks or sub._backward_pre_hooks) and (
                 sub._forward_pre_hooks or sub._backward_hooks or sub._backward_pre_hooks
                 or not all(_neutral_hook(h) for h in sub._forward_hooks.values())):

@@ -147,6 +147,19 @@ class EmuTensor(torch.Tensor):
         """Return the fake device address of the first element (Note [Storage addresses])."""
         return self.untyped_storage().data_ptr() + int(self.storage_offset()) * self.element_size()
 
+    def new(self, *args: Any, **kwargs: Any) -> torch.Tensor:  # type: ignore[override]
+        """Legacy `Tensor.new(...)` on the emulated device: torch's binding gave a dense wrapper's caller a plain meta
+        tensor and refuses a sparse one's type (row-wise Adagrad's `grad.new(indices, values, size)`)."""
+        if len(args) >= 2 and isinstance(args[0], torch.Tensor) and isinstance(args[1], torch.Tensor):
+            return torch.sparse_coo_tensor(*args[:3])  # (indices, values[, size]): Note [Sparse tensors]
+        if len(args) == 1 and isinstance(args[0], torch.Tensor):
+            return args[0]  # `new(other)` aliases other
+        device = kwargs.get("device") or self.device
+        host = torch.empty(0, dtype=self.dtype).new(*args)
+        if all(type(a) is int for a in args) or (len(args) == 1 and isinstance(args[0], torch.Size)):
+            return torch.empty(tuple(host.shape), dtype=self.dtype, device=device)  # sizes: no data to copy
+        return host.to(device)  # data: copied to the device
+
     def share_memory_(self) -> EmuTensor:
         """Return self: as for CUDA tensors, nothing moves to shared memory (`Module.share_memory()` in Hogwild)."""
         return self
@@ -330,7 +343,12 @@ def _set_data(t: EmuTensor, value: EmuTensor) -> None:
 def wrap(elem: torch.Tensor, index: int, requires_grad: bool = False, tag: str = "") -> EmuTensor:
     """Return an EmuTensor over the meta tensor `elem` on device `index`, allocating its storage if it is new."""
     out = EmuTensor(elem, index, requires_grad)
-    key = elem.untyped_storage()._cdata
+    try:
+        key = elem.untyped_storage()._cdata
+    except NotImplementedError:  # a sparse tensor: no storage of its own (Note [Sparse tensors] in sparse.py)
+        from gpemu.torch_backend.sparse import track_sparse
+
+        return track_sparse(out, elem, index, tag)
     rec = _live.get(key)
     if rec is None:
         emu = state.require()
@@ -823,7 +841,8 @@ def _out_meta(out: Any, uargs: Any, ukwargs: Any, func: Any) -> tuple[int, Any]:
         if type(t) in (int, float, bool) and isinstance(out, (tuple, list)):  # e.g. flash attention's max_q
             metas.append(_Const(t))
             continue
-        if not isinstance(t, torch.Tensor) or t.device.type != "meta" or t.storage_offset():
+        if not isinstance(t, torch.Tensor) or t.device.type != "meta" or t.layout is not torch.strided or (
+                t.storage_offset()):  # a sparse output: its size is its nnz's (Note [Sparse tensors] in sparse.py)
             return _GENERIC, None
         storage = t.untyped_storage()
         if storage._cdata in inputs or storage.nbytes() != _empty_strided(
@@ -1009,7 +1028,10 @@ def _alias(elem: torch.Tensor, index: int, mk: tuple[Any, ...] | None) -> EmuTen
 
     `mk` is elem's (shape, stride, dtype, index) when the caller knows it (detach), else None (read from elem).
     """
-    key = elem.untyped_storage()._cdata
+    try:
+        key = elem.untyped_storage()._cdata
+    except NotImplementedError:  # a sparse detach: wrap() tracks its parts (Note [Sparse tensors] in sparse.py)
+        return None
     rec = _live.get(key)
     if rec is None:
         return None
@@ -1088,6 +1110,10 @@ def run_op(func: Any, args: Any, kwargs: Any) -> Any:
         cast_index = _first_index(args)
         hold_casts(func, args, kwargs, cast_index if cast_index is not None else emu.current_device())
     key = _op_key(func, args, kwargs, emu)
+    if key is None and _sparse_live[0] and _has_sparse(args, kwargs):  # never cached: see Note [Sparse tensors]
+        from gpemu.torch_backend.sparse import run_sparse_op
+
+        return run_sparse_op(func, args, kwargs)
     hit = _op_cache.get(key) if key is not None else None
     if hit is not None:
         kind, meta, cost, name, tag, fusible = hit
@@ -1150,6 +1176,17 @@ def run_op(func: Any, args: Any, kwargs: Any) -> Any:
 
 
 _inference_enabled = torch.is_inference_mode_enabled
+_sparse_live = [0]  # sparse wrappers made so far: run_op looks for them only once there have been some
+
+
+def _has_sparse(args: Any, kwargs: Any) -> bool:
+    """Return True when an emulated sparse tensor is among an op's arguments or in a list argument (a foreach op's);
+    its `_mk` is None, so such a call is never cached."""
+    for v in (*args, *kwargs.values()) if kwargs else args:
+        for t in v if type(v) is list or type(v) is tuple else (v,):
+            if type(t) is EmuTensor and t._mk is None and t.layout is not torch.strided:
+                return True
+    return False
 
 
 def _no_tensors(args: Any, start: int) -> bool:
