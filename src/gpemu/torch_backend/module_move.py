@@ -19,6 +19,14 @@ parameters) once its own move is done, before the outermost `_apply` restores id
 watching every nn.GRU/nn.LSTM weight and gave up: `EncoderRNN(...).to(device)` (an embedding and a GRU, pytorch/
 tutorials seq2seq_translation_tutorial) warned and lost its GRU's identity. Those references are dropped before the
 swap and rebuilt after it from the module's attributes (without a second flatten_parameters).
+
+Note [Weight-norm caches]: `torch.nn.utils.weight_norm` keeps `module.weight` as a plain attribute computed from the
+`weight_g` / `weight_v` parameters (at wrap time, then by its pre-hook before every forward), and `spectral_norm`
+likewise from `weight_orig` after a forward; that tensor's autograd node holds the parameters, so `swap_tensors` saw
+a third reference and refused: DINO's `DINOHead.last_layer` (built on the CPU, then `.cuda()`) warned on every run
+and its `weight_g` / `weight_v` became new objects. On a GPU the attribute stays the stale CPU tensor until the next
+forward recomputes it; before the swap gpemu replaces it with its `detach()` (the same values, no graph), which
+frees the parameters for the swap.
 """
 
 from __future__ import annotations
@@ -103,6 +111,19 @@ def _restore_identity(before: dict[int, tuple[Any, list[Slot]]]) -> None:
             t[n] = keep
 
 
+def _detach_norm_caches(root: torch.nn.Module) -> None:
+    """Detach the weights that weight_norm / spectral_norm hooks computed before a move (Note [Weight-norm caches])."""
+    from torch.nn.utils.spectral_norm import SpectralNorm
+    from torch.nn.utils.weight_norm import WeightNorm
+
+    for module in root.modules():
+        for hook in module._forward_pre_hooks.values():
+            if isinstance(hook, (WeightNorm, SpectralNorm)):
+                cached = module.__dict__.get(hook.name)
+                if isinstance(cached, torch.Tensor) and cached.grad_fn is not None:
+                    module.__dict__[hook.name] = cached.detach()
+
+
 def patched_apply(original: Callable[..., Any]) -> Callable[..., Any]:
     """Return a `Module._apply` that keeps parameter identity across moves to the emulated GPU."""
 
@@ -115,6 +136,7 @@ def patched_apply(original: Callable[..., Any]) -> Callable[..., Any]:
             out = original(self, fn, *args, **kwargs)
         finally:
             _tls.depth = 0
+        _detach_norm_caches(self)
         rnns = [m for m in self.modules() if isinstance(m, torch.nn.RNNBase)]
         for m in rnns:  # its weak references to the new weights would stop the swap (see the module docstring)
             m._flat_weight_refs = []

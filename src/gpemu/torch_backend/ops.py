@@ -326,6 +326,9 @@ def host_to_device(src: torch.Tensor, index: int, non_blocking: bool = False, dt
         return run_op(aten._to_copy.default, (out,), {"dtype": dtype})  # type: ignore[no-any-return]
     if nbytes <= KNOWN_VALUE_MAX_BYTES and src.device.type == "cpu":
         set_known_value(out, src.clone())  # a copy: the script may refill its host buffer
+    elif nbytes <= RANGE_MAX_BYTES and _integral(src) and src.device.type == "cpu":  # See Note [Value ranges]
+        lo, hi = torch.aminmax(src)
+        set_value_range(out, int(lo), int(hi))
     return out
 
 
@@ -627,6 +630,8 @@ def _zeros(func: Any, args: Any, kwargs: Any) -> Any:
     out = run_op(func, args, kwargs)
     if isinstance(out, EmuTensor):
         set_nonzero_bound(out, 0)
+        if _integral(out) and out.numel():  # Note [Value ranges]
+            set_value_range(out, 0, 0)
         if _known_values_enabled(args):
             propagate_known(func, args, kwargs, out)
     return out
@@ -641,14 +646,17 @@ def _keep_bound(func: Any, args: Any, kwargs: Any) -> Any:
     out = run_op(func, args, kwargs)
     if _known_values_enabled(args):
         propagate_known(func, args, kwargs, out)
+    listed = func is aten.cat.default or func is aten.stack.default
     if _nz_bounds and isinstance(out, EmuTensor) and out is not args[0]:
-        bound = _bound_sum(args[0]) if func is aten.cat.default else nonzero_bound(args[0])
+        bound = _bound_sum(args[0]) if listed else nonzero_bound(args[0])
         if bound is not None:
             set_nonzero_bound(out, bound)
     if _mass and isinstance(out, EmuTensor) and out is not args[0]:  # Note [Softmax mass]
-        mass = _mass_sum(args[0]) if func is aten.cat.default else mass_bound(args[0])
+        mass = _mass_sum(args[0]) if listed else mass_bound(args[0])
         if mass is not None:
             set_mass(out, mass)
+    if _ranges or _known:  # Note [Value ranges]
+        carry_range(out, args[0] if listed else (args[0],))
     return out
 
 
@@ -759,7 +767,7 @@ def _compare_scalar(func: Any, args: Any, kwargs: Any) -> Any:
 
 SPECIAL[aten.zeros_like.default] = _zeros
 SPECIAL[aten.new_zeros.default] = _zeros
-for _op in (aten.cat.default, aten.clone.default):
+for _op in (aten.cat.default, aten.stack.default, aten.clone.default):
     SPECIAL[_op] = _keep_bound
 
 
@@ -793,7 +801,10 @@ def _bool_index(func: Any, args: Any, kwargs: Any) -> Any:
     x, indices = args[0], list(args[1])
     if not any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices):
         if func is aten.index.Tensor:
-            return run_op(func, args, kwargs)
+            out = run_op(func, args, kwargs)
+            if _ranges or _known:  # Note [Value ranges]
+                carry_range(out, (x,))
+            return out
         return _index_put_bound(func, args, kwargs)
     # replace each boolean mask by long indices of the assumed count (as torch does via nonzero)
     new: list[Any] = []
@@ -806,8 +817,11 @@ def _bool_index(func: Any, args: Any, kwargs: Any) -> Any:
     index = x._index if isinstance(x, EmuTensor) else state.require().current_device()
     _sync(index, "boolean-mask indexing (data-dependent size)")
     if func is aten.index.Tensor:
-        return run_op(func, (x, new), kwargs)
-    return run_op(func, (x, new, *args[2:]), kwargs)
+        out = run_op(func, (x, new), kwargs)
+        if _ranges or _known:  # Note [Value ranges]
+            carry_range(out, (x,))
+        return out
+    return _put_range(x, args[2], run_op(func, (x, new, *args[2:]), kwargs), args, kwargs)
 
 
 def _index_put_bound(func: Any, args: Any, kwargs: Any) -> Any:
@@ -816,7 +830,7 @@ def _index_put_bound(func: Any, args: Any, kwargs: Any) -> Any:
     x, indices = args[0], args[1]
     accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
     bound = nonzero_bound(x) if _nz_bounds or _known else None
-    out = run_op(func, args, kwargs)
+    out = _put_range(x, args[2], run_op(func, args, kwargs), args, kwargs)
     if bound is None or accumulate or len(indices) != 1 or not isinstance(indices[0], torch.Tensor) or x.dim() == 0:
         return out
     values = args[2]
@@ -831,6 +845,158 @@ def _index_put_bound(func: Any, args: Any, kwargs: Any) -> Any:
 SPECIAL[aten.index.Tensor] = _bool_index
 SPECIAL[aten.index_put_.default] = _bool_index
 SPECIAL[aten.index_put.default] = _bool_index
+
+
+# Note [Value ranges]: graph libraries size their outputs by reading an index's largest value: PyTorch Geometric's
+# `scatter(src, index)` and global pooling take `int(index.max()) + 1` rows, `maybe_num_nodes(edge_index)` the same. A
+# computed index read 0, so after TopKPooling (`batch = batch[perm]`, perm computed) `global_max_pool` pooled one graph
+# where the batch had 60, and examples/proteins_topk_pool.py died in nll_loss ("Expected input batch_size (1) to match
+# target batch_size (60)"). gpemu keeps a range [lo, hi] of the values of integer tensors: a host copy's own min and max
+# (of any copy up to RANGE_MAX_BYTES; smaller ones are known outright), kept by ops that only move or pick elements
+# (indexing by integer or boolean indices, index_select, gather, sort's values, clone, cat and stack: the union; views
+# by their base), with [0, n - 1] for sort's indices and `arange(n)` of any size, [v, v] for `new_full(..., v)` and
+# integer zeros, and the union with the written values for a non-accumulating index_put or scatter (only the written
+# ones where a 1-D scatter's index covers every position: PyG's pooled batch is `arange(k).scatter_(0, cluster_index,
+# batch[perm])` with cluster_index = `arange(k)`; an index gpemu does not know covers when its k elements span [0,
+# k-1]). A full max()/min() of a tensor gpemu only has a range for reads the range's end: what a GPU reads when the
+# selection spans the values, as pooling's does (TopKPooling keeps ceil(ratio * n) >= 1 nodes of every graph), and the
+# worst case that Note [Data-dependent shapes] assumes (every element selected). It is a default answer (Note [Sanity
+# checks read back as passing]): the value hook answers first. Like nonzero bounds, a range is tied to the tensor's
+# version: another in-place op forgets it.
+
+RANGE_MAX_BYTES = 16 << 20  # the host takes one min/max pass over an integer copy up to this size (~2 M int64)
+
+# id(emulated tensor) -> (weakref to it, smallest value, largest value, its version at recording)
+_ranges: dict[int, tuple[weakref.ref[EmuTensor], int, int, int]] = {}
+# reductions answered from a range so far: the replay path keys a forward that made one by its inputs' ranges
+# (Note [Ranges through replay] in replay.py)
+range_answers: list[int] = [0]
+
+
+def _integral(t: torch.Tensor) -> bool:
+    """Return True for integer dtypes (not bool): the tensors that index."""
+    return not (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool)
+
+
+def set_value_range(t: EmuTensor, lo: int, hi: int, bumps: int = 0) -> None:
+    """Record that `t`'s values lie in [lo, hi] until it is modified in place (Note [Value ranges])."""
+    key = id(t)
+    version = _version_of(t)
+    _ranges[key] = (weakref.ref(t, lambda _ref, key=key: _ranges.pop(key, None)),  # type: ignore[misc]
+                    lo, hi, version + bumps if version >= 0 else version)
+
+
+def _own_range(t: torch.Tensor) -> tuple[int, int] | None:
+    """Return the range of `t` itself (its known value's or a recorded one), or None."""
+    rec = _known_record(t) if _known else None
+    if rec is not None and not rec[1]:
+        v = rec[0]
+        if not v.numel() or not _integral(v):
+            return None
+        lo, hi = torch.aminmax(v)
+        return int(lo), int(hi)
+    entry = _ranges.get(id(t))
+    if entry is None or entry[0]() is not t:
+        return None
+    if entry[3] != _version_of(t):
+        _ranges.pop(id(t), None)
+        return None
+    return entry[1], entry[2]
+
+
+def value_range(t: Any) -> tuple[int, int] | None:
+    """Return (lo, hi) bounding the values of integer emulated tensor `t` (a view by its base's), or None."""
+    if not isinstance(t, EmuTensor) or not _integral(t):
+        return None
+    r = _own_range(t)
+    base = t._base
+    return r if r is not None or base is None else _own_range(base)
+
+
+def carry_range(out: Any, sources: Any, bumps: int = 0) -> None:
+    """Give integer `out` the union of the ranges of `sources` when each has one (Note [Value ranges])."""
+    if not isinstance(out, EmuTensor) or not _integral(out) or not out.numel():
+        return
+    if _known and id(out) in _known and not bumps and _known_record(out) is not None:  # in place: stale after it
+        return
+    lo = hi = None
+    for s in sources:
+        r = value_range(s)
+        if r is None:
+            return
+        lo = r[0] if lo is None else min(lo, r[0])
+        hi = r[1] if hi is None else max(hi, r[1])
+    if lo is not None and hi is not None:
+        set_value_range(out, lo, hi, bumps)
+
+
+def _gathered(func: Any, args: Any, kwargs: Any) -> Any:
+    """An op whose output elements are elements of its first input (index_select, gather)."""
+    out = run_op(func, args, kwargs)
+    if _known_values_enabled(args):
+        propagate_known(func, args, kwargs, out)
+    if _ranges or _known:
+        carry_range(out, (args[0],))
+    return out
+
+
+def _put_range(x: Any, values: Any, out: Any, args: Any, kwargs: Any) -> Any:
+    """After index_put: a non-accumulating write leaves `x`'s values or the written ones (Note [Value ranges])."""
+    accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
+    if (_ranges or _known) and not accumulate and isinstance(values, torch.Tensor):
+        carry_range(out, (x, values), bumps=1 if out is x else 0)
+    return out
+
+
+@_special(aten.sort.default, aten.sort.stable)
+def _sort(func: Any, args: Any, kwargs: Any) -> Any:
+    out = run_op(func, args, kwargs)
+    if _known_values_enabled(args):
+        propagate_known(func, args, kwargs, out)
+    if _ranges or _known:
+        x = args[0]
+        dim = kwargs.get("dim", -1) if func is aten.sort.stable else (args[1] if len(args) > 1 else -1)
+        carry_range(out[0], (x,))
+        n = x.shape[dim] if x.dim() else 1
+        if n and isinstance(out[1], EmuTensor) and id(out[1]) not in _known:
+            set_value_range(out[1], 0, n - 1)
+    return out
+
+
+def _covers(index: torch.Tensor, n: int) -> bool:
+    """Return True when 1-D `index` writes every position 0..n-1 (a known value: exactly; else its n elements span
+    [0, n - 1], as `arange(n)` of any size does: Note [Value ranges])."""
+    value = known_value(index) if _known else None
+    if value is not None:
+        return bool(torch.zeros(n, dtype=torch.bool, device="cpu").index_fill_(0, value.reshape(-1), True).all())
+    return index.numel() == n and value_range(index) == (0, n - 1)
+
+
+@_special(aten.scatter_.src, aten.scatter.src)
+def _scatter_src(func: Any, args: Any, kwargs: Any) -> Any:
+    x, index, src = args[0], args[2], args[3]
+    out = run_op(func, args, kwargs)
+    if _ranges or _known:  # Note [Value ranges]: a write to every position leaves only `src`'s values; before
+        whole = x.dim() == 1 and index.dim() == 1 and _covers(index, x.shape[0])  # an in-place known value moves on
+        carry_range(out, (src,) if whole else (x, src), bumps=1 if out is x else 0)
+    if _known_values_enabled(args):
+        propagate_known(func, args, kwargs, out)
+    return out
+
+
+@_special(aten.new_full.default)
+def _new_full(func: Any, args: Any, kwargs: Any) -> Any:
+    out = run_op(func, args, kwargs)
+    if _known_values_enabled(args):
+        propagate_known(func, args, kwargs, out)
+    fill = args[2]  # PyG's filter_adj: `node_index.new_full((num_nodes,), -1)`, then the kept nodes' new indices
+    if isinstance(out, EmuTensor) and _integral(out) and out.numel() and isinstance(fill, (int, bool)):
+        set_value_range(out, int(fill), int(fill))
+    return out
+
+
+SPECIAL[aten.index_select.default] = _gathered
+SPECIAL[aten.gather.default] = _gathered
 
 
 # Note [Sanity checks read back as passing]: values are not computed, so a check like
@@ -1093,7 +1259,16 @@ def _reduce_known(func: Any, args: Any, kwargs: Any) -> Any:
     if value is not None and isinstance(out, EmuTensor):  # e.g. num_classes = labels.max().item() + 1
         set_known_value(out, func(value, *args[1:], **kwargs), sources=_sources.get(id(args[0])),
                         expr=HostExpr(func, (_operand(args[0]), *args[1:]), kwargs))
+    elif (_ranges or _known) and isinstance(out, EmuTensor) and out.dim() == 0 and func in _RANGE_ENDS:
+        r = value_range(args[0])  # See Note [Value ranges]
+        if r is not None:
+            end = r[1] if _RANGE_ENDS[func] else r[0]
+            set_known_value(out, torch.tensor(end, dtype=out.dtype, device="cpu"), default=True)
+            range_answers[0] += 1
     return out
+
+
+_RANGE_ENDS = {aten.max.default: True, aten.amax.default: True, aten.min.default: False, aten.amin.default: False}
 
 
 for _op in (aten.max.default, aten.min.default, aten.sum.default, aten.amax.default, aten.amin.default):

@@ -36,6 +36,7 @@ from gpemu.torch_backend.ops import (
     peer_copy,
     set_known_value,
     set_nonzero_bound,
+    set_value_range,
 )
 from gpemu.torch_backend.pinned import is_pinned, mark_pinned, pin
 from gpemu.torch_backend.tensor import META, EmuTensor, charge, check_fp32_modes, wrap
@@ -328,6 +329,8 @@ def _patched_factory(name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
                 set_known_value(out, orig(*args, **{**kwargs, "device": "cpu"}), sources=frozenset())
             elif name in ("zeros", "zeros_like"):  # a large mask to scatter into: See Note [Nonzero bounds] in ops.py
                 set_nonzero_bound(out, 0)
+            elif name == "arange" and meta.numel():  # positions beyond the known size: Note [Value ranges] in ops.py
+                _record_arange_range(out, args, kwargs)
             if kind == "fill":
                 nbytes = meta.numel() * meta.element_size()
                 charge(index, f"{name} (fill)", nbytes / state.require().devices[index].spec.memory_bw_bytes_per_s)
@@ -336,6 +339,17 @@ def _patched_factory(name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
         return out
 
     return factory
+
+
+def _record_arange_range(out: EmuTensor, args: Any, kwargs: Any) -> None:
+    """Record the range of an integer `arange(start, end, step)` too large to keep its value."""
+    if out.dtype.is_floating_point or out.dtype.is_complex:
+        return
+    with contextlib.suppress(TypeError, ValueError, RuntimeError):  # bounds given as device tensors: no range
+        start = args[0] if len(args) > 1 else kwargs.get("start", 0)
+        step = args[2] if len(args) > 2 else kwargs.get("step", 1)
+        first, last = int(start), int(start) + int(step) * (out.numel() - 1)
+        set_value_range(out, min(first, last), max(first, last))
 
 
 def _record_randperm(out: EmuTensor, orig: Callable[..., Any], args: Any, kwargs: Any, index: int) -> None:

@@ -50,6 +50,18 @@ transfer_learning's "fixed feature extractor") runs the same forward but a backw
 backward phase was scaled up to the whole network's (resnet18 at batch 4 on an A100: 9.5 ms predicted, for a few
 kernels). When the top module has parameters that do not require grad, its backward phase stays on the per-op
 predictions; the forward, the same layers either way, still takes the profile or prediction.
+
+Note [Several forwards in a step]: a backward phase's target is one call's loss + backward + step, and it ran from the
+top module's return to its next call. Self-supervised loops call the model several times before one backward pass:
+DINO's MultiCropWrapper runs the backbone on the two 224x224 global crops, then on the 96x96 local crops (a frozen
+teacher's call before both), SimCLR/BYOL on two views. The "backward phase" after the first call then held only the
+`torch.cat` of the next crops, its sum became the calibration sum, and the next step charged that one cat the whole
+backward prediction (ResNet-50 DINO, batch 8, amp, A100: a 20.0 ms `cat`, scale 1,970) while the real backward ran
+per op after the last call: the phantom stood beside it. A grad-enabled forward-only loop (evaluation without
+`no_grad`) did the same once per call. A training call that opens while the previous call's backward phase ran no
+backward pass marks the step as split, and the keys of split steps keep their backward phases per op (the forwards
+keep their targets: each is the profiled forward); a later one-forward step of the key (its phase runs a backward
+pass and the step has no second call) frees the key again.
 """
 
 from __future__ import annotations
@@ -281,6 +293,10 @@ class PhaseTracker:
         self.phase = "setup"
         self.top: torch.nn.Module | None = None
         self.frozen = False  # the top module has parameters that do not require grad (Note [Frozen parameters])
+        # Note [Several forwards in a step]: whether the open step called a top module again before its backward
+        # pass, and the step keys of such steps (their backward phases stay per op)
+        self.split_step = False
+        self.split_keys: set[tuple[str, int, str, str]] = set()
         self.key: tuple[str, int, str, str] | None = None  # (workload, batch size, dtype, memory format) of a step
         self.fp32_modes = (False, True)  # torch's TF32 flags at the last top-module call: Note [FP32 math modes]
         self.sums: dict[str, float] = {"forward": 0.0, "backward": 0.0, "eval": 0.0}
@@ -415,6 +431,7 @@ class PhaseTracker:
             batch = next((v for v in pending[1].values() if isinstance(v, EmuTensor)), None)
         if batch is None or not self._has_params(module):  # loss modules are not the model
             return
+        self._note_split_step()
         self._close_phase()
         self.top = module
         marked = compiled_module(module)  # See Note [Compiled regions] in fusion.py
@@ -442,6 +459,15 @@ class PhaseTracker:
             self.frozen = False
         self._begin("forward")
         self.steps += 1
+
+    def _note_split_step(self) -> None:
+        """Mark the step split when a training call opens before the last call's backward pass (Note [Several
+        forwards in a step])."""
+        if not torch.is_grad_enabled():
+            return
+        self.split_step = self.phase == "backward" and not self.backward_ran
+        if self.split_step and self.key is not None:
+            self.split_keys.add(self.key)
 
     def _step_key(self, module: torch.nn.Module, batch: Any) -> tuple[str, int, str, str] | None:
         """Return (workload, batch size, dtype, memory format) of a top-module call, or None (per-op pricing)."""
@@ -540,6 +566,8 @@ class PhaseTracker:
         self.replayed = False
         if self.key is None or (phase == "backward" and self.frozen):  # See Note [Frozen parameters]
             return
+        if phase == "backward" and (self.split_step or self.key in self.split_keys):
+            return  # See Note [Several forwards in a step]
         full = (*self.key, phase)
         target = self._target(full)
         if target is not None and self.compiled_step:  # See Note [Compiled regions]: eager target x fused fraction
@@ -563,6 +591,8 @@ class PhaseTracker:
             return
         if self.key is not None and self.phase in ("forward", "backward") and self.sums[self.phase] > 0:
             self.prev[(*self.key, self.phase)] = self.sums[self.phase]
+            if self.phase == "backward" and self.backward_ran and not self.split_step:
+                self.split_keys.discard(self.key)  # a one-forward step (Note [Several forwards in a step])
             if self.compiled_step and not self.replayed:  # See Note [Compiled regions] in fusion.py
                 fused = self.sums[self.phase]
                 self.fused_fraction[(*self.key, self.phase)] = fused / (fused + self.fusion.saved_s)

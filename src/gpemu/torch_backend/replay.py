@@ -117,6 +117,8 @@ class Recording:
     # output): Note [Outputs sharing a storage]
     out_layout: tuple[tuple[tuple[int, torch.dtype], ...], tuple[tuple[int, int], ...]] | None = None
     in_meta: list[tuple[tuple[int, ...], tuple[int, ...], torch.dtype]] = field(default_factory=list)
+    # value ranges of the output tensors, in order (empty: none had one): Note [Ranges through replay]
+    out_ranges: tuple[tuple[int, int] | None, ...] = ()
     ok: bool = True
     bwd_started: bool = False
     done: bool = False
@@ -144,8 +146,9 @@ class Recording:
     def matches(self, other: Recording) -> bool:
         """Return True when both calls ran the same ops at the same predicted costs with about the same memory."""
         if (self.fwd, self.bwd, self.out_meta, self.out_layout, self.stream_id, self.reads, self.copies,
-                self.out_inputs) != (other.fwd, other.bwd, other.out_meta, other.out_layout, other.stream_id,
-                                     other.reads, other.copies, other.out_inputs):
+                self.out_inputs, self.out_ranges) != (other.fwd, other.bwd, other.out_meta, other.out_layout,
+                                                      other.stream_id, other.reads, other.copies, other.out_inputs,
+                                                      other.out_ranges):
             return False
         # the caching allocator hands out whole blocks depending on what is cached, so byte counts move a little
         # from call to call (~0.5% on resnet18); a changed model moves them far more
@@ -669,6 +672,9 @@ class Replayer:
         self.programs: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[Any, ...], _ReadProgram]] = (
             weakref.WeakKeyDictionary()
         )
+        # top modules whose forward read a value range or returned tensors with one: their inputs' ranges join the
+        # key (Note [Ranges through replay])
+        self.range_keyed: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
         self.replayed = 0  # calls replayed (for tests and reports)
         self.warned_fwd_only = False  # Note [Forwards without backward]
         self.recorded = 0  # calls recorded on the per-op path
@@ -749,6 +755,9 @@ class Replayer:
                     return None
                 parts.append(v)
         parts.append(params_key)
+        if module in self.range_keyed:  # Note [Ranges through replay]
+            parts.append(tuple(emu_ops.value_range(v) for v in (*args, *kwargs.values())
+                               if isinstance(v, EmuTensor)))
         return tuple(parts)
 
     # -- recording
@@ -852,12 +861,14 @@ class Replayer:
         rng_before = _host_rng_state()
         buffers_before = _buffer_versions(module) if module.training else ()  # Note [Forwards without backward]
         rec.seq_lo = _next_sequence_nr()
+        range_reads = emu_ops.range_answers[0]
         self._open(rec, rec.fwd, bwd=False)
         try:
             out = orig(module, *args, **kwargs)
         finally:
             self._close()
             end, peak = win.close()
+        ranged = emu_ops.range_answers[0] != range_reads  # Note [Ranges through replay]
         self.recorded += 1
         rec.ok = rec.ok and win.clean(len(rec.fwd), rec.reads, rec.copies) and _host_rng_state() == rng_before
         if rec.ok and any(not isinstance(t, EmuTensor) and t.untyped_storage().data_ptr() not in rec.copied_hosts
@@ -881,6 +892,13 @@ class Replayer:
         if not leaves or not all(isinstance(t, EmuTensor) and t._index == index for t in leaves):
             rec.ok = False
             return out
+        if emu_ops._ranges or emu_ops._known:  # Note [Ranges through replay]
+            ranges = tuple(emu_ops.value_range(t) for t in leaves)
+            rec.out_ranges = ranges if any(r is not None for r in ranges) else ()
+            ranged = ranged or bool(rec.out_ranges)
+        if ranged and module not in self.range_keyed:  # keyed without the inputs' ranges: record again with them
+            self.range_keyed.add(module)
+            rec.ok = False
         # by the inner meta storage, which views share (Note [Memory by storage] in tensor.py): an output that is a
         # view of an input or a parameter is never replayed; outputs viewing one storage made in this forward are laid
         # out again on replay (Note [Outputs sharing a storage])
@@ -1020,6 +1038,9 @@ class Replayer:
         finally:
             phases._post(module, args, outs)
         self.replayed += 1
+        for t, r in zip(outs, rec.out_ranges, strict=False):  # Note [Ranges through replay]
+            if r is not None:
+                emu_ops.set_value_range(t, *r)
         if not rec.out_other and not rec.out_inputs:
             return _unflatten_output(list(outs), rec.out_spec)
         tensors = iter(outs)
@@ -1027,6 +1048,15 @@ class Replayer:
         leaves = [inputs[rec.out_inputs[i]] if i in rec.out_inputs else tensors.__next__() if i not in rec.out_other
                   else (rec.out_other[i][1] if rec.out_other[i][0] else rec.out_other[i][1]()) for i in range(n)]
         return _unflatten_output(leaves, rec.out_spec)
+
+
+# Note [Ranges through replay]: a replayed forward runs none of its ops, so its outputs would lose the value ranges
+# the per-op path gives them (Note [Value ranges] in ops.py): TopKPooling's pooled batch vector, replayed, read its
+# max as 0 again and the next global pooling pooled one graph. A recording keeps its output tensors' ranges and the
+# replay gives them back. A range is a function of the inputs' ranges (the ops that keep one only move elements), and
+# so is a read of a range's end in forward (`int(batch.max()) + 1`), so a top module whose forward read one or
+# returned a ranged tensor is keyed by its inputs' ranges from then on (the recording that revealed it, made under
+# the plain key, is never replayed). Modules that do neither (almost all: a model's math has no ranges) keep their key.
 
 
 # Note [Gradient accumulation]: with gradient accumulation (the HF Trainer's gradient_accumulation_steps, nanoGPT)
