@@ -189,11 +189,37 @@ def _patched_conv(orig: Any) -> Any:
     return conv
 
 
+# Note [Linear bias under autocast]: F.linear is composite too. A contiguous input reaches `addmm` (on autocast's list:
+# adjust_for_autocast casts all three operands), but a non-contiguous 3-D one (a transposed conv output, as
+# Autoformer's TokenEmbedding returns) decomposes to `mm` + `add(out, bias)`: the mm ran in fp16 and the add promoted
+# it back to fp32 with the fp32 bias, so every later layer ran (and was priced) in fp32, and an fp16 `torch.fft.rfft`
+# that raises on a GPU ran. On a GPU the AutocastCUDA key casts input, weight and bias of `linear` to the autocast
+# dtype before it decomposes, so the output is 16-bit either way. Inside an enabled autocast("cuda") region the
+# patched F.linear casts a floating bias of another dtype to the autocast dtype first.
+def _patched_linear(orig: Any) -> Any:
+    import functools
+
+    from gpemu.torch_backend.tensor import EmuTensor
+
+    @functools.wraps(orig)
+    def linear(input: Any, weight: Any, bias: Any = None) -> Any:
+        if bias is not None and isinstance(input, EmuTensor) and bias.is_floating_point():
+            emu = state.current_emulation()
+            low = emu.autocast_dtype() if emu is not None else None
+            if low is not None and bias.dtype != low:
+                bias = bias.to(low)
+        return orig(input, weight, bias)
+
+    return linear
+
+
 def apply(patcher: Any) -> None:
-    """Patch torch.conv1d/2d/3d and their torch.nn.functional names (See Note [Conv bias under autocast])."""
+    """Patch torch.conv1d/2d/3d, their torch.nn.functional names and F.linear (See Note [Conv bias under autocast],
+    Note [Linear bias under autocast])."""
     import torch.nn.functional as F
 
     for name in ("conv1d", "conv2d", "conv3d"):
         patched = _patched_conv(getattr(torch, name))
         patcher.set(torch, name, patched)
         patcher.set(F, name, patched)
+    patcher.set(F, "linear", _patched_linear(F.linear))

@@ -25,6 +25,7 @@ from gpemu.torch_backend import (
     rnn,
     sdpa,
     sparse,  # noqa: F401 (imported for its op handlers: Note [Sparse tensors])
+    spectral,  # noqa: F401 (imported for its op handlers: Note [Half-precision FFT sizes])
     state,
 )
 from gpemu.torch_backend.autocast import release_casts

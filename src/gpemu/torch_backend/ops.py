@@ -580,6 +580,11 @@ def _selected(numel: int, mask: Any = None) -> int:
 # known value), plus k elements (k rows) after `index_put` with one long index of length k, the sum over `|` and
 # `cat`, the smaller one over `&`, kept through `clone`/`to`; nonzero, masked_select and boolean indexing select at
 # most the bound. Like known values the bound is tied to the tensor's version: another in-place op forgets it.
+# Mixture-of-experts routers build their gates the same way: davidmrau's noisy top-k gating is
+# `zeros_like(logits).scatter(1, top_k_indices, top_k_gates)`, k of each row's E experts, and the dispatcher selects
+# `nonzero(gates)` and the mask `gates > 0`. A scatter without a reduction adds at most its index's element count to
+# the bound, and `x > t` (t >= 0) or `x >= t` (t > 0) keeps x's bound: zeros fail it. Batch 5, k = 4 of 10 experts
+# routes 20 token-expert pairs as on a GPU, not the worst case's 50.
 
 # id(emulated tensor) -> (weakref to it, at most this many nonzero elements, its version at recording)
 _nz_bounds: dict[int, tuple[weakref.ref[EmuTensor], int, int]] = {}
@@ -762,7 +767,19 @@ def _compare_scalar(func: Any, args: Any, kwargs: Any) -> Any:
         mass = mass_bound(args[0])
         if mass is not None:
             set_nonzero_bound(out, math.floor(mass / threshold))
+    if _nz_bounds and isinstance(out, EmuTensor) and _zero_fails(func, threshold):  # See Note [Nonzero bounds]
+        bound, prior = nonzero_bound(args[0]), nonzero_bound(out)
+        if bound is not None:
+            set_nonzero_bound(out, bound if prior is None else min(bound, prior))
     return out
+
+
+def _zero_fails(func: Any, threshold: Any) -> bool:
+    """Return True when `0 > threshold` (gt) / `0 >= threshold` (ge) is False: only nonzero elements can pass, so
+    `gates > 0` keeps the nonzero bound of `gates` (Note [Nonzero bounds])."""
+    if not isinstance(threshold, (int, float)) or isinstance(threshold, bool):
+        return False
+    return threshold >= 0 if func is aten.gt.Scalar else threshold > 0
 
 
 SPECIAL[aten.zeros_like.default] = _zeros
@@ -972,13 +989,17 @@ def _covers(index: torch.Tensor, n: int) -> bool:
     return index.numel() == n and value_range(index) == (0, n - 1)
 
 
-@_special(aten.scatter_.src, aten.scatter.src)
+@_special(aten.scatter_.src, aten.scatter.src, aten.scatter_.value, aten.scatter.value)
 def _scatter_src(func: Any, args: Any, kwargs: Any) -> Any:
+    """scatter without a reduction: keeps ranges (Note [Value ranges]) and nonzero bounds (Note [Nonzero bounds])."""
     x, index, src = args[0], args[2], args[3]
+    bound = nonzero_bound(x) if _nz_bounds or _known else None
     out = run_op(func, args, kwargs)
     if _ranges or _known:  # Note [Value ranges]: a write to every position leaves only `src`'s values; before
         whole = x.dim() == 1 and index.dim() == 1 and _covers(index, x.shape[0])  # an in-place known value moves on
         carry_range(out, (src,) if whole else (x, src), bumps=1 if out is x else 0)
+    if bound is not None and isinstance(out, EmuTensor):  # Note [Nonzero bounds]: one element per index at most
+        set_nonzero_bound(out, bound + index.numel(), bumps=1 if out is x else 0)
     if _known_values_enabled(args):
         propagate_known(func, args, kwargs, out)
     return out
@@ -1265,6 +1286,8 @@ def _reduce_known(func: Any, args: Any, kwargs: Any) -> Any:
             end = r[1] if _RANGE_ENDS[func] else r[0]
             set_known_value(out, torch.tensor(end, dtype=out.dtype, device="cpu"), default=True)
             range_answers[0] += 1
+    elif func is aten.sum.default:
+        _default_mask_count(args[0], out, func)
     return out
 
 
@@ -1273,6 +1296,45 @@ _RANGE_ENDS = {aten.max.default: True, aten.amax.default: True, aten.min.default
 
 for _op in (aten.max.default, aten.min.default, aten.sum.default, aten.amax.default, aten.amin.default):
     SPECIAL[_op] = _reduce_known
+
+
+# Note [Mask counts]: mixture-of-experts routers size each expert's batch by counting its tokens on the host:
+# davidmrau's SparseDispatcher selects `nonzero(gates)` rows and splits them by `(gates > 0).sum(0).tolist()`. Every
+# count read 0, and `split` refused sizes summing to 0 for the 20 rows (k = 4 of batch 5) nonzero had selected; a
+# script reading `mask.sum().item()` as its number of selected elements got 0 where nonzero gave it 20. A count of a
+# mask whose value is not known (`sum` of a bool tensor, `count_nonzero` of any) now reads, by default, the number
+# of elements Note [Data-dependent shapes] selects from that mask (its nonzero bound, else `nonzero_fraction` of its
+# elements) spread evenly over the count's elements, none above the elements it counts: the counts sum to the size
+# nonzero and boolean indexing give the same mask, so splits by them agree, and each expert gets the same share, as a
+# balanced router's do. It is a default answer (Note [Sanity checks read back as passing]): the value hook answers
+# first, and it does not flow through further ops (a sum of the counts reads 0). Counts above KNOWN_VALUE_MAX_BYTES
+# read zeros.
+def _mask_count(func: Any, args: Any, kwargs: Any) -> Any:
+    """sum over dims of a bool tensor, count_nonzero: read back as the selected count (Note [Mask counts])."""
+    out = run_op(func, args, kwargs)
+    if _known_values_enabled(args) and propagate_known(func, args, kwargs, out):
+        return out
+    _default_mask_count(args[0], out, func)
+    return out
+
+
+def _default_mask_count(mask: Any, out: Any, func: Any) -> None:
+    """Give count `out` of unknown `mask` the default value Note [Mask counts] describes."""
+    counts_any = func.overloadpacket is aten.count_nonzero
+    if not isinstance(mask, EmuTensor) or not isinstance(out, EmuTensor) or not (counts_any or mask.dtype == torch.bool):
+        return
+    if not out.numel() or not mask.numel() or _nbytes(out) > KNOWN_VALUE_MAX_BYTES or _known_record(out) is not None:
+        return
+    counted_per_out = mask.numel() // out.numel()
+    selected = min(_selected(mask.numel(), mask), counted_per_out * out.numel())
+    base, extra = divmod(selected, out.numel())
+    counts = torch.full((out.numel(),), base, dtype=torch.long, device="cpu")
+    counts[:extra] += 1
+    set_known_value(out, counts.reshape(out.shape).to(out.dtype), default=True)
+
+
+for _op in (aten.sum.dim_IntList, aten.count_nonzero.default, aten.count_nonzero.dim_IntList):
+    SPECIAL[_op] = _mask_count
 
 
 # Note [Sampled categories]: `torch.multinomial` (Categorical.sample(), `probs.multinomial(1)`) draws category indices
