@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -58,6 +59,23 @@ def test_emulated_run_matches_the_real_run(profile_dir: Path, tmp_path: Path) ->
     assert abs(result["mean_error_pct"]) <= 10.0, result
 
 
+def _real_and_emulated(script: Path, source: str) -> tuple[Any, Any]:
+    """Run `source` on the card, then under `gpemu run` emulating the same card; return the JSON each printed last
+    (the emulated run's report lines come after it on stdout, so the last line that parses as JSON)."""
+    import torch
+
+    script.write_text(source)
+    real = subprocess.run([sys.executable, str(script)], check=True, capture_output=True, text=True, timeout=300)
+    emulated = subprocess.run([sys.executable, "-m", "gpemu", "run", "--gpu", torch.cuda.get_device_name(0), "--",
+                               sys.executable, str(script)], check=True, capture_output=True, text=True, timeout=300)
+    return _last_json(real.stdout), _last_json(emulated.stdout)
+
+
+def _last_json(stdout: str) -> Any:
+    """Return the last line of `stdout` that is a JSON list or object, parsed."""
+    return json.loads([line for line in stdout.splitlines() if line.startswith(("[", "{"))][-1])
+
+
 _MEMORY_SCRIPT = """
 import json, torch
 lin = torch.nn.Linear(1024, 1024).cuda()
@@ -76,16 +94,9 @@ def test_memory_allocated_matches_the_real_gpu_around_the_first_gemm(tmp_path: P
     # Note [cuBLAS workspace in the drop-in]: a GPU's memory_allocated() includes cuBLAS's per-thread workspaces from
     # the first GEMM on; the emulator of the same GPU must read the same bytes after .cuda(), the forward and the
     # backward of one Linear layer
-    import torch
 
-    script = tmp_path / "mem.py"
-    script.write_text(_MEMORY_SCRIPT)
-    real = subprocess.run([sys.executable, str(script)], check=True, capture_output=True, text=True, timeout=300)
-    emulated = subprocess.run([sys.executable, "-m", "gpemu", "run", "--gpu", torch.cuda.get_device_name(0), "--",
-                               sys.executable, str(script)], check=True, capture_output=True, text=True, timeout=300)
-    last = lambda out: json.loads(out.strip().splitlines()[-1])  # noqa: E731
-    emu_lines = [line for line in emulated.stdout.splitlines() if line.startswith("[")]
-    assert last(real.stdout) == json.loads(emu_lines[-1])
+    real, emulated = _real_and_emulated(tmp_path / "mem.py", _MEMORY_SCRIPT)
+    assert real == emulated
 
 
 _GRAPH_SCRIPT = """
@@ -130,14 +141,6 @@ def test_cuda_graph_replay_matches_the_real_gpu(tmp_path: Path) -> None:
     # per-op prices of small kernels include the gap an eager launch leaves (H200 torch.profiler: a scalar add_ runs
     # 1.15 us, priced ~5 us), which a graph shrinks: the emulated replay is expected slow here, by how much is what
     # bench/gpu_micro.py's `graph` rows measure.
-    import torch
-
-    script = tmp_path / "graph.py"
-    script.write_text(_GRAPH_SCRIPT)
-    real = subprocess.run([sys.executable, str(script)], check=True, capture_output=True, text=True, timeout=300)
-    emulated = subprocess.run([sys.executable, "-m", "gpemu", "run", "--gpu", torch.cuda.get_device_name(0), "--",
-                               sys.executable, str(script)], check=True, capture_output=True, text=True, timeout=300)
-    got_real = json.loads(real.stdout.strip().splitlines()[-1])
-    got_emu = json.loads([line for line in emulated.stdout.splitlines() if line.startswith("{")][-1])
+    got_real, got_emu = _real_and_emulated(tmp_path / "graph.py", _GRAPH_SCRIPT)
     assert got_emu["allocated"] == got_real["allocated"] and got_emu["raised"] and got_real["raised"]
     assert 1 / 2.5 <= got_emu["replay_ms"] / got_real["replay_ms"] <= 2.5, (got_emu, got_real)

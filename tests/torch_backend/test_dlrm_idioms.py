@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import torch
+from tests.torch_backend.listeners import KernelLog
 
 import gpemu.torch_backend as gt
 from gpemu.cost import op_cost, op_time_s
@@ -21,25 +22,12 @@ ROWS, DIM, BAGS, PER_BAG = 1_000_000, 16, 128, 10
 NNZ = BAGS * PER_BAG  # 1,280 lookups
 
 
-class _Kernels:
-    """Device listener that keeps (name, seconds) of every work item."""
-
-    def __init__(self) -> None:
-        self.items: list[tuple[str, float]] = []
-
-    def on_work(self, work: Any) -> None:
-        self.items.append((work.name, work.duration_s))
-
-    def on_host_wait(self, start_s: float, end_s: float, reason: str) -> None:
-        pass
-
-
-def _bag(emu: gt.Emulation) -> tuple[torch.nn.EmbeddingBag, torch.Tensor, torch.Tensor, _Kernels]:
+def _bag(emu: gt.Emulation) -> tuple[torch.nn.EmbeddingBag, torch.Tensor, torch.Tensor, KernelLog]:
     """DLRM's table: `nn.EmbeddingBag(n, m, mode="sum", sparse=True)`, 128 bags of 10 indices each."""
     emb = torch.nn.EmbeddingBag(ROWS, DIM, mode="sum", sparse=True).cuda()
     idx = torch.randint(0, ROWS, (NNZ,)).cuda()
     off = torch.arange(0, NNZ, PER_BAG).cuda()
-    kernels = _Kernels()
+    kernels = KernelLog()
     emu.devices[0].add_listener(kernels)
     return emb, idx, off, kernels
 

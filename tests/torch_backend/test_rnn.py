@@ -6,25 +6,15 @@ from typing import Any
 
 import pytest
 import torch
+from tests.torch_backend.listeners import KernelLog
 
 import gpemu.torch_backend as gt
 from gpemu.hardware import get_gpu
 from gpemu.torch_backend.rnn import RnnShape, pass_seconds
 
 
-class _Names:
-    def __init__(self) -> None:
-        self.items: list[tuple[str, float]] = []
-
-    def on_work(self, work: Any) -> None:
-        self.items.append((work.name, work.duration_s))
-
-    def on_host_wait(self, start_s: float, end_s: float, reason: str) -> None:
-        pass
-
-
 def test_lstm_training_step_is_one_kernel_per_pass(emu: gt.Emulation) -> None:
-    names = _Names()
+    names = KernelLog()
     emu.devices[0].add_listener(names)
     lstm = torch.nn.LSTM(16, 8, num_layers=2).cuda()
     x = torch.randn(5, 3, 16, device="cuda")
@@ -102,7 +92,7 @@ def test_unsorted_lengths_are_sorted_by_torch(emu: gt.Emulation) -> None:
 
 
 def _step_items(emu: gt.Emulation, run: Any) -> list[str]:
-    names = _Names()
+    names = KernelLog()
     emu.devices[0].add_listener(names)
     run()
     return [n for n, _ in names.items]
