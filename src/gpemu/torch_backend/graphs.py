@@ -22,15 +22,16 @@ def graph_pool_handle() -> tuple[int, int]:
     return (0, next(_pool_numbers))
 
 
-def _pool_id(handle: Any) -> int:
-    """Return the allocator pool id of a pool token (or a torch.cuda.MemPool): negative, apart from stream ids."""
-    handle = getattr(handle, "id", handle)  # a MemPool: its id tuple
+def _pool_token(pool: Any) -> tuple[int, int]:
+    """Return the (0, n) token of a pool argument (a token, or a torch.cuda.MemPool); its allocator pool id is -n,
+    apart from stream ids."""
+    handle = getattr(pool, "id", pool)  # a MemPool: its id tuple
     try:
-        number = int(tuple(handle)[-1])
+        token = tuple(handle)
+        return int(token[0]), int(token[-1])
     except (TypeError, ValueError, IndexError):
         raise GraphCaptureError(f"pool={handle!r}: expected a token from torch.cuda.graph_pool_handle() or "
                                 "other_graph.pool()") from None
-    return -number
 
 
 def is_current_stream_capturing() -> bool:
@@ -60,8 +61,8 @@ class CUDAGraph:
             raise GraphCaptureError("CUDA graphs must be captured on a non-default stream. (However, after capture, "
                                     "it's ok to replay them on the default stream.) Capture inside "
                                     "`with torch.cuda.graph(g):` or `with torch.cuda.stream(torch.cuda.Stream()):`.")
-        self._pool = tuple(getattr(pool, "id", pool)) if pool is not None else graph_pool_handle()  # type: ignore[assignment]
-        self._capture = device.begin_capture(stream, _pool_id(self._pool), capture_error_mode)
+        self._pool = _pool_token(pool) if pool is not None else graph_pool_handle()
+        self._capture = device.begin_capture(stream, -self._pool[1], capture_error_mode)
         emu.phases.capturing += 1  # per-op kernel prices inside (Note [Phases and CUDA graphs] in phases.py)
 
     def capture_end(self) -> None:

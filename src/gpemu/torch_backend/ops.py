@@ -586,16 +586,38 @@ def _selected(numel: int, mask: Any = None) -> int:
 # the bound, and `x > t` (t >= 0) or `x >= t` (t > 0) keeps x's bound: zeros fail it. Batch 5, k = 4 of 10 experts
 # routes 20 token-expert pairs as on a GPU, not the worst case's 50.
 
+# Facts about an emulated tensor's values (nonzero bounds, softmax mass, value ranges) live in registries keyed by
+# id: (weakref to the tensor, the fact, its version at recording). A fact dies with the tensor and is forgotten once
+# an in-place op moves the version (`bumps`: version changes the recording op itself will still make).
+_Facts = dict[int, tuple[weakref.ref[EmuTensor], Any, int]]
+
+
+def _remember(registry: _Facts, t: EmuTensor, fact: Any, bumps: int = 0) -> None:
+    """Store `fact` about `t` in `registry` until `t` dies or changes in place."""
+    key = id(t)
+    version = _version_of(t)
+    registry[key] = (weakref.ref(t, lambda _ref, key=key: registry.pop(key, None)),  # type: ignore[misc]
+                     fact, version + bumps if version >= 0 else version)
+
+
+def _recall(registry: _Facts, t: torch.Tensor) -> Any:
+    """Return the fact `registry` holds about `t` itself, or None (none, or `t` changed since: forgotten)."""
+    entry = registry.get(id(t))
+    if entry is None or entry[0]() is not t:
+        return None
+    if entry[2] != _version_of(t):
+        registry.pop(id(t), None)
+        return None
+    return entry[1]
+
+
 # id(emulated tensor) -> (weakref to it, at most this many nonzero elements, its version at recording)
-_nz_bounds: dict[int, tuple[weakref.ref[EmuTensor], int, int]] = {}
+_nz_bounds: _Facts = {}
 
 
 def set_nonzero_bound(t: EmuTensor, bound: int, bumps: int = 0) -> None:
     """Record that `t` has at most `bound` nonzero elements until it is modified in place (Note [Nonzero bounds])."""
-    key = id(t)
-    version = _version_of(t)
-    _nz_bounds[key] = (weakref.ref(t, lambda _ref, key=key: _nz_bounds.pop(key, None)),  # type: ignore[misc]
-                       min(bound, t.numel()), version + bumps if version >= 0 else version)
+    _remember(_nz_bounds, t, min(bound, t.numel()), bumps)
 
 
 def nonzero_bound(t: Any) -> int | None:
@@ -606,13 +628,8 @@ def nonzero_bound(t: Any) -> int | None:
         rec = _known_record(t)
         if rec is not None and not rec[1]:
             return int(torch.count_nonzero(rec[0]))
-    entry = _nz_bounds.get(id(t))
-    if entry is None or entry[0]() is not t:
-        return None
-    if entry[2] != _version_of(t):
-        _nz_bounds.pop(id(t), None)
-        return None
-    return entry[1]
+    bound: int | None = _recall(_nz_bounds, t)
+    return bound
 
 
 def _sum_of(ts: Any, bound: Callable[[Any], Any]) -> Any:
@@ -679,14 +696,12 @@ def _keep_bound(func: Any, args: Any, kwargs: Any) -> Any:
 # bounds the mass is tied to the tensor's version: an in-place op forgets it.
 
 # id(emulated tensor) -> (weakref to it, an upper bound on the sum of its elements (all >= 0), its version)
-_mass: dict[int, tuple[weakref.ref[EmuTensor], float, int]] = {}
+_mass: _Facts = {}
 
 
 def set_mass(t: EmuTensor, mass: float) -> None:
     """Record that `t`'s elements are >= 0 and sum to at most `mass` until it changes (Note [Softmax mass])."""
-    key = id(t)
-    _mass[key] = (weakref.ref(t, lambda _ref, key=key: _mass.pop(key, None)),  # type: ignore[misc]
-                  mass, _version_of(t))
+    _remember(_mass, t, mass)
 
 
 def mass_bound(t: Any) -> float | None:
@@ -700,10 +715,8 @@ def mass_bound(t: Any) -> float | None:
             continue
         if src is not t and not _no_overlap(t):
             return None
-        if entry[2] != _version_of(src):  # changed in place (an inference tensor's changes go unseen, as for bounds)
-            _mass.pop(id(src), None)
-            return None
-        return entry[1]
+        mass: float | None = _recall(_mass, src)  # None once changed in place (an inference tensor's changes go
+        return mass  # unseen, as for bounds)
     return None
 
 
@@ -883,8 +896,8 @@ SPECIAL[aten.index_put.default] = _bool_index
 
 RANGE_MAX_BYTES = 16 << 20  # the host takes one min/max pass over an integer copy up to this size (~2 M int64)
 
-# id(emulated tensor) -> (weakref to it, smallest value, largest value, its version at recording)
-_ranges: dict[int, tuple[weakref.ref[EmuTensor], int, int, int]] = {}
+# id(emulated tensor) -> (weakref to it, (smallest value, largest value), its version at recording)
+_ranges: _Facts = {}
 # reductions answered from a range so far: the replay path keys a forward that made one by its inputs' ranges
 # (Note [Ranges through replay] in replay.py)
 range_answers: list[int] = [0]
@@ -897,10 +910,7 @@ def _integral(t: torch.Tensor) -> bool:
 
 def set_value_range(t: EmuTensor, lo: int, hi: int, bumps: int = 0) -> None:
     """Record that `t`'s values lie in [lo, hi] until it is modified in place (Note [Value ranges])."""
-    key = id(t)
-    version = _version_of(t)
-    _ranges[key] = (weakref.ref(t, lambda _ref, key=key: _ranges.pop(key, None)),  # type: ignore[misc]
-                    lo, hi, version + bumps if version >= 0 else version)
+    _remember(_ranges, t, (lo, hi), bumps)
 
 
 def _own_range(t: torch.Tensor) -> tuple[int, int] | None:
@@ -912,13 +922,8 @@ def _own_range(t: torch.Tensor) -> tuple[int, int] | None:
             return None
         lo, hi = torch.aminmax(v)
         return int(lo), int(hi)
-    entry = _ranges.get(id(t))
-    if entry is None or entry[0]() is not t:
-        return None
-    if entry[3] != _version_of(t):
-        _ranges.pop(id(t), None)
-        return None
-    return entry[1], entry[2]
+    lo_hi: tuple[int, int] | None = _recall(_ranges, t)
+    return lo_hi
 
 
 def value_range(t: Any) -> tuple[int, int] | None:
