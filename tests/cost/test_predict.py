@@ -133,3 +133,62 @@ def test_a_sibling_dtype_on_the_same_gpu_is_the_source() -> None:
     # another GPU does not take the H200's fp16 row as its own sibling
     other = predict_phase(get_gpu("h100"), "resnet18", "forward", 64, dtype="amp_bf16", db=ProfileDB.from_rows(rows))
     assert not other.path.startswith("scaled-from-dtype")
+
+
+def test_between_the_sources_measured_batches_its_ratio_is_interpolated() -> None:
+    # Note [Between the source's measured batch sizes]: a V100 measured resnet18's forward at batch 16 and 64 only,
+    # each 1.2x its own model time (made-up rows: 1.2 x model). A V100-SXM2 at batch 32 used to fall to the spec model;
+    # now it takes the ratio interpolated in log-log between 16 and 64 (both 1.2, so 1.2 at 32: w = log(32/16) /
+    # log(64/16) = 0.5) times its own model time, on the scaled path, and lies between the neighbours' predictions.
+    # Outside the measured range (batch 128) the spec model stays (Note [Nearest source or the spec model]).
+    from gpemu.cost.model import load_params
+    from gpemu.cost.predict import borrow_factors
+
+    x = get_gpu("v100-pcie-32gb")
+    rows = pd.DataFrame([
+        {"gpu": x.key, "workload": "resnet18", "phase": "forward", "batch_size": b, "dtype": "fp32",
+         "value": 1.2 * float(model_phase_seconds(x, "resnet18", "forward", [b])[0]), "unit": "s", "measured": 1,
+         "source": "test"} for b in (16, 64)])
+    y = get_gpu("v100-sxm2-32gb")
+    at = {b: predict_phase(y, "resnet18", "forward", b, db=rows) for b in (16, 32, 64, 128)}
+    assert at[32].path == "scaled-from:v100-pcie-32gb" and at[32].details["interpolated_between"] == [16, 64]
+    params = load_params()
+    if y.key not in params.per_gpu:  # Note [Borrowed factors]
+        params = borrow_factors(params, y.key, x.key)
+    own = float(model_phase_seconds(y, "resnet18", "forward", [32], params=params)[0])
+    assert at[32].value == pytest.approx(1.2 * own, rel=1e-9)
+    assert at[16].value < at[32].value < at[64].value
+    assert at[128].path == "spec-model"
+
+
+def test_an_interpolated_ratio_is_log_linear_in_the_batch() -> None:
+    # ratios 1.0 at batch 1 and 4.0 at batch 16: at batch 4, w = log(4) / log(16) = 0.5, r = exp(0.5 log 4) = 2.0
+    from gpemu.cost.predict import _interpolated_ratio
+
+    series = {1: 1.0, 16: 4.0, 64: 8.0}
+    r, lo, hi = _interpolated_ratio(series, 4, lambda b: 1.0)  # type: ignore[misc]
+    assert (lo, hi) == (1, 16) and r == pytest.approx(2.0, rel=1e-12)
+    assert _interpolated_ratio(series, 128, lambda b: 1.0) is None  # beyond the measured range
+    assert _interpolated_ratio(series, 16, lambda b: 2.0) == (2.0, 16, 16)  # a measured batch: its own ratio
+
+
+def test_a_sibling_dtype_on_another_gpu_is_a_source() -> None:
+    # Note [A sibling dtype on another GPU]: only an A100-SXM4 measured resnet18's forward, in fp32 (a made-up 20 ms
+    # at batch 64); an A100-PCIe asked for TF32 GEMMs is that row x model(PCIe, tf32) / model(SXM4, fp32), on the
+    # scaled path, not the spec model.
+    from gpemu.cost.model import load_params
+    from gpemu.cost.predict import borrow_factors
+
+    x, y = get_gpu("a100-sxm4-80gb"), get_gpu("a100-pcie-40gb")
+    rows = pd.DataFrame([{"gpu": x.key, "workload": "resnet18", "phase": "forward", "batch_size": 64, "dtype": "fp32",
+                          "value": 0.020, "unit": "s", "measured": 1, "source": "test"}])
+    est = predict_phase(y, "resnet18", "forward", 64, dtype="tf32", db=rows)
+    params = load_params()
+    if y.key not in params.per_gpu:  # Note [Borrowed factors]
+        params = borrow_factors(params, y.key, x.key)
+    ratio = (model_phase_seconds(y, "resnet18", "forward", [64], "tf32", params)[0]
+             / model_phase_seconds(x, "resnet18", "forward", [64], "fp32")[0])
+    assert est.path == f"scaled-from:{x.key}" and est.details["from_dtype"] == "fp32"
+    assert est.value == pytest.approx(0.020 * ratio, rel=1e-9)
+    # a dtype with no measured sibling anywhere keeps the spec model
+    assert predict_phase(y, "resnet18", "forward", 64, dtype="fp16", db=rows).path == "spec-model"

@@ -108,6 +108,7 @@ def test_a_grad_enabled_forward_only_loop_is_charged_no_backward(tmp_path: Path,
     # took the backward prediction. H100, spec-model path, resnet18 at batch 2: forward prediction 5.06 ms, backward
     # 9.53 ms; each call read 14.59 ms before, now 5.07 ms (the forward prediction and one argmax at its per-op price)
     monkeypatch.setenv("GPEMU_PROFILE_DIR", str(tmp_path))
+    monkeypatch.setenv("GPEMU_BUILTIN_PROFILES", "0")  # the spec-model path, as predict_phase(db=None) below
     forward = predict_phase("h100", "resnet18", "forward", 2).value
     gt.install("h100", replay=False)
     try:

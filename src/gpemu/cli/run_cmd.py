@@ -84,16 +84,29 @@ def run(
     except FileNotFoundError as exc:
         raise GpemuError(f"command not found: {command[0]!r}") from exc
     # Ctrl-C reaches the child through the terminal's process group; we just wait for it and pass its status on.
+    # A SIGTERM sent to this process alone is passed on to the child (Note [Signals to the child]).
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    previous_term = signal.signal(signal.SIGTERM, lambda signum, _frame: proc.send_signal(signum))
     try:
         code = proc.wait()
     finally:
         signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGTERM, previous_term)
     if plot is not None and report_json is not None:
         _plot_after_run(report_json, plot, " ".join(command))
         if tmp_report is not None:
             shutil.rmtree(tmp_report.parent, ignore_errors=True)
     raise typer.Exit(code if code >= 0 else 128 - code)
+
+
+# Note [Signals to the child]: `gpemu run -- python train.py` stands where `python train.py` stood, so a SIGTERM sent to
+# it alone (`kill PID`, a launcher's `Popen.terminate()`, a scheduler that signals the process it started) must stop
+# the training as it stops a plain python run. `timeout 300 gpemu run ...` signals the whole process group and
+# Ctrl-C reaches it through the terminal, but a SIGTERM to this process alone killed only it: the script ran on as an
+# orphan and its run report stayed incomplete until the script ended on its own (lucidrains/x-transformers'
+# train_enwik8.py has NUM_BATCHES = 100,000 fixed in the file, so a short run is one stopped by a signal). The signal
+# is now passed on: the child's report hooks write its report (report/hooks.py, install) and it ends as SIGTERM
+# ends it, and the exit status is the child's (143 for a death by SIGTERM, as the shell reports).
 
 
 def _plot_after_run(report_json: Path, out: Path, command: str) -> None:

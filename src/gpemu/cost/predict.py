@@ -193,6 +193,46 @@ def _measured_on(rows: Any, workload: str, phase: str, batch_size: int, dtype: s
     return out
 
 
+def _measured_series(rows: Any, gpu_key: str, workload: str, phase: str, dtype: str) -> dict[int, float]:
+    """Return {batch size: measured seconds} of one GPU's (workload, phase, dtype) rows."""
+    sel = rows[(rows["workload"] == workload) & (rows["phase"] == phase) & (rows["dtype"] == dtype)
+               & (rows["measured"].astype(int) == 1)]
+    out: dict[int, float] = {}
+    for gpu, batch, value in zip(sel["gpu"], sel["batch_size"], sel["value"], strict=True):
+        try:
+            if get_gpu(str(gpu)).key == gpu_key:
+                out[int(batch)] = float(value)
+        except GpemuError:
+            continue
+    return out
+
+
+# Note [Between the source's measured batch sizes]
+# A source GPU measured at a few batch sizes only (the H200's shipped profile: 1, 16, 64, 256; a user's `gpemu
+# profile` sweep) scaled Y at exactly those sizes and fell to the spec model in between, so one model's prediction
+# jumped between two paths along the batch axis: an A100's torchvision swin_t backward read 31.3 / 29.4 / 76.2 / 68.4 /
+# 114.2 ms at batch 1 / 8 / 16 / 32 / 64 (batch 32 faster than 16; found running microsoft/Swin-Transformer, session
+# 15). X's measured time over its own model time, r_X(B) = measured_X(B) / model_X(B), is what the scaled path carries
+# over (value = r_X(B) x model_Y(B)); between two measured sizes lo < B < hi it is now interpolated linearly in
+# log r against log B and applied to model_Y(B) (path "scaled-from:<X>", details `interpolated_between`). Outside X's
+# measured range (beyond its memory, Note [Nearest source or the spec model]) the spec model stays. GPEmu's five GPUs
+# are measured at every batch size from 1 to 256, so bench/predict_validation.py does not move.
+def _interpolated_ratio(series: dict[int, float], batch_size: int, model_at: Any) -> tuple[float, int, int] | None:
+    """Return (r, lo, hi): the source's measured / model ratio interpolated in log-log at `batch_size` between its
+    nearest measured batch sizes lo < batch_size < hi (lo = hi = batch_size where it was measured), or None when the
+    batch is outside its measured range."""
+    if batch_size in series:
+        return series[batch_size] / model_at(batch_size), batch_size, batch_size
+    below = [b for b in series if b < batch_size]
+    above = [b for b in series if b > batch_size]
+    if not below or not above:
+        return None
+    lo, hi = max(below), min(above)
+    r_lo, r_hi = series[lo] / model_at(lo), series[hi] / model_at(hi)
+    w = (np.log(batch_size) - np.log(lo)) / (np.log(hi) - np.log(lo))
+    return float(np.exp((1 - w) * np.log(r_lo) + w * np.log(r_hi))), lo, hi
+
+
 def _measured_gpus(rows: Any, workload: str, phase: str, dtype: str) -> set[str]:
     """Return the catalog keys of GPUs with a measured row of (workload, phase, dtype) at any batch size."""
     sel = rows[(rows["workload"] == workload) & (rows["phase"] == phase) & (rows["dtype"] == dtype)
@@ -243,7 +283,22 @@ def borrow_factors(params: CostParams, gpu_key: str, from_key: str) -> CostParam
 # the spec model at 41.7 ms a step where the card's fp16 AMP row says 34.3 ms, and the unmodified script ran 37.1 ms
 # (bench/data/h200-2026-11-27/dropin-real). `gpemu predict` shows the cross-GPU path's expected error for it.
 DTYPE_SIBLINGS: dict[str, tuple[str, ...]] = {"amp_bf16": ("amp",), "amp": ("amp_bf16",), "bf16": ("fp16",),
+                                              "tf32": ("fp32",), "fp32": ("tf32",),
                                               "fp16": ("bf16",)}
+
+
+# Note [A sibling dtype on another GPU]
+# When no GPU measured the asked dtype but one measured its sibling (DTYPE_SIBLINGS: bf16 AMP / fp16 AMP, bf16 / fp16,
+# TF32 GEMMs / torch's default fp32), the nearest of those is the source, its row scaled by model(Y, dtype) /
+# model(X, sibling): the model carries both the GPU and the dtype change, as it does for each alone (Note [A sibling
+# dtype on the same GPU], the scaled path). Before, such a phase fell to the spec model, so one GPU read two paths for
+# one model: an emulated A100's resnet18 training step at batch 8 took 14.6 ms of GPU in fp32 (scaled from the H200's
+# measured rows, host-bound on the H200 lease's host) and 8.0 ms with `torch.set_float32_matmul_precision("high")`
+# (spec model), although the flag moves only the classifier GEMM (tests/torch_backend/test_fp32_modes.py). The
+# source names both dtypes, details carry `from_dtype`.
+def _dtype_note(src_dtype: str, dtype: str) -> str:
+    """Return ', <src_dtype>' for a source row of a sibling dtype, else ''."""
+    return f", {src_dtype}" if src_dtype != dtype else ""
 
 
 def predict_phase(gpu: GPUSpec | str, workload: str, phase: str, batch_size: int, dtype: str = "fp32",
@@ -287,25 +342,51 @@ def predict_phase(gpu: GPUSpec | str, workload: str, phase: str, batch_size: int
                                      "model_x_s": sib_model, "memory_format": memory_format,
                                      "source_phase": src_phase})
     if rows is not None and src_phase in ("forward", "backward"):
-        measured = {k: v for k, v in _measured_on(rows, workload, src_phase, batch_size, dtype).items()
-                    if (k != spec.key or not own_row_is_answer) and k not in exclude_gpus}
+        src_dtype = dtype  # See Note [A sibling dtype on another GPU]
         sources = {k for k in _measured_gpus(rows, workload, src_phase, dtype)
                    if k != spec.key and k not in exclude_gpus}
+        for sibling in () if sources else DTYPE_SIBLINGS.get(dtype, ()):
+            sources = {k for k in _measured_gpus(rows, workload, src_phase, sibling)
+                       if k != spec.key and k not in exclude_gpus}
+            if sources:
+                src_dtype = sibling
+                break
+        measured = {k: v for k, v in _measured_on(rows, workload, src_phase, batch_size, src_dtype).items()
+                    if (k != spec.key or not own_row_is_answer) and k not in exclude_gpus}
         # own NCHW row: channels_last; else the nearest GPU that measured this workload, if it has this batch size
         x_key = spec.key if spec.key in measured else nearest(spec, sources)  # Note [Nearest source or the spec model]
         if x_key is not None and x_key in measured:
             x_spec = get_gpu(x_key)
-            x_model = float(model_phase_seconds(x_spec, workload, src_phase, [batch_size], dtype, params)[0])
+            x_model = float(model_phase_seconds(x_spec, workload, src_phase, [batch_size], src_dtype, params)[0])
             if spec.key not in params.per_gpu:  # See Note [Borrowed factors]
                 own = float(model_phase_seconds(spec, workload, phase, [batch_size], dtype,
                                                 borrow_factors(params, spec.key, x_key),
                                                 memory_format=memory_format)[0])
             value = measured[x_key] * own / x_model
             return Estimate(value, "s", "predicted", source=f"{x_key} measured {measured[x_key]:.6g} s "
-                            f"({src_phase}) x model ratio {own / x_model:.4g}", path=f"scaled-from:{x_key}",
+                            f"({src_phase}{_dtype_note(src_dtype, dtype)}) x model ratio {own / x_model:.4g}",
+                            path=f"scaled-from:{x_key}",
                             details={"from_gpu": x_key, "measured_s": measured[x_key], "model_y_s": own,
                                      "model_x_s": x_model, "memory_format": memory_format,
-                                     "source_phase": src_phase})
+                                     "source_phase": src_phase, "from_dtype": src_dtype})
+        if x_key is not None and x_key != spec.key:  # See Note [Between the source's measured batch sizes]
+            x_spec = get_gpu(x_key)
+            series = _measured_series(rows, x_key, workload, src_phase, src_dtype)
+            hit_r = _interpolated_ratio(series, batch_size, lambda b: float(
+                model_phase_seconds(x_spec, workload, src_phase, [b], src_dtype, params)[0]))
+            if hit_r is not None:
+                ratio, lo, hi = hit_r
+                if spec.key not in params.per_gpu:  # See Note [Borrowed factors]
+                    own = float(model_phase_seconds(spec, workload, phase, [batch_size], dtype,
+                                                    borrow_factors(params, spec.key, x_key),
+                                                    memory_format=memory_format)[0])
+                return Estimate(ratio * own, "s", "predicted", source=f"{x_key} measured / model ratio {ratio:.4g} "
+                                f"({src_phase}{_dtype_note(src_dtype, dtype)}, interpolated between batch {lo} and "
+                                f"{hi}) x model {own:.6g} s",
+                                path=f"scaled-from:{x_key}",
+                                details={"from_gpu": x_key, "ratio": ratio, "model_y_s": own,
+                                         "interpolated_between": [lo, hi], "memory_format": memory_format,
+                                         "source_phase": src_phase, "from_dtype": src_dtype})
     factor_source = params.factor_source(spec)
     factors = ("its own fitted factors" if factor_source == spec.key else
                f"factors of {factor_source} (nearest fitted GPU)" if factor_source else "no per-GPU factors")

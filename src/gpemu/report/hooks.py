@@ -60,7 +60,7 @@ def _torch_backend_counter(part: str, counter: str) -> Callable[[], int] | None:
 
 def _torch_backend_recordings() -> Callable[[], int] | None:
     """Return a meter of the calls the drop-in backend's replay path recorded per op, when it replays, else None."""
-    return _torch_backend_counter("replay", "recorded")
+    return _torch_backend_counter("replay", "warming")  # Note [Forwards that never replay] in replay.py
 
 
 def _torch_backend_module_calls() -> Callable[[], int] | None:

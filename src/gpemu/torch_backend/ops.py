@@ -1342,6 +1342,11 @@ for _op in (aten.sum.dim_IntList, aten.count_nonzero.default, aten.count_nonzero
     SPECIAL[_op] = _mask_count
 
 
+# draws made so far whose values the host knows (multinomial, randperm): a forward that made one is never replayed
+# (Note [Known draws in forward] in replay.py)
+known_draws: list[int] = [0]
+
+
 # Note [Sampled categories]: `torch.multinomial` (Categorical.sample(), `probs.multinomial(1)`) draws category indices
 # on the GPU, and a reinforcement-learning loop reads them back every environment step (CleanRL's ppo.py:
 # `envs.step(action.cpu().numpy())`). Read back as zeros, every action was 0: CartPole episodes all pushed left and
@@ -1363,6 +1368,7 @@ def _multinomial(func: Any, args: Any, kwargs: Any) -> Any:
         value = _sampled_categories(args[0], int(args[1]), replacement, kwargs.get("generator"), out._index)
         if value is not None:
             set_known_value(out, value)
+            known_draws[0] += 1
     return out
 
 

@@ -33,6 +33,7 @@ from gpemu.torch_backend.ops import (
     device_to_host,
     finite_check_passes,
     host_to_device,
+    known_draws,
     peer_copy,
     set_known_value,
     set_nonzero_bound,
@@ -360,6 +361,7 @@ def _record_randperm(out: EmuTensor, orig: Callable[..., Any], args: Any, kwargs
     host_kwargs = {k: v for k, v in kwargs.items() if k not in ("device", "layout", "out")}
     host_kwargs["generator"] = generator
     set_known_value(out, orig(*args, device="cpu", **host_kwargs))
+    known_draws[0] += 1  # Note [Known draws in forward] in replay.py
 
 
 # ---- torch.cuda / torch.accelerator --------------------------------------------------------------------------

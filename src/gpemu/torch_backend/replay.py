@@ -163,6 +163,8 @@ class _Entry:
     last: Recording | None = None
     ready: Recording | None = None
     siblings: dict[Any, _Entry] | None = None  # the module's entries under other keys: Note [New shapes]
+    tried: Recording | None = None  # the latest recording made under this key: Note [Forwards that never replay]
+    before_last: Recording | None = None  # the recording before `last`: Note [Alternating backwards]
 
 
 class _Window:
@@ -678,6 +680,7 @@ class Replayer:
         self.replayed = 0  # calls replayed (for tests and reports)
         self.warned_fwd_only = False  # Note [Forwards without backward]
         self.recorded = 0  # calls recorded on the per-op path
+        self.warming = 0  # those of them that may still replay, for the run report: Note [Forwards that never replay]
         self._sink: list[tuple[str, float, str]] | None = None
         self._sink_rec: Recording | None = None
         self._sink_bwd = False
@@ -862,6 +865,7 @@ class Replayer:
         buffers_before = _buffer_versions(module) if module.training else ()  # Note [Forwards without backward]
         rec.seq_lo = _next_sequence_nr()
         range_reads = emu_ops.range_answers[0]
+        draws = emu_ops.known_draws[0]  # Note [Known draws in forward]
         self._open(rec, rec.fwd, bwd=False)
         try:
             out = orig(module, *args, **kwargs)
@@ -870,7 +874,11 @@ class Replayer:
             end, peak = win.close()
         ranged = emu_ops.range_answers[0] != range_reads  # Note [Ranges through replay]
         self.recorded += 1
-        rec.ok = rec.ok and win.clean(len(rec.fwd), rec.reads, rec.copies) and _host_rng_state() == rng_before
+        # recording before replay, unless this key's previous recording could not be replayed
+        self.warming += entry.tried is None or entry.tried.ok  # See Note [Forwards that never replay]
+        entry.tried = rec
+        drawn = _host_rng_state() != rng_before or emu_ops.known_draws[0] != draws  # Note [Known draws in forward]
+        rec.ok = rec.ok and win.clean(len(rec.fwd), rec.reads, rec.copies) and not drawn
         if rec.ok and any(not isinstance(t, EmuTensor) and t.untyped_storage().data_ptr() not in rec.copied_hosts
                           for t in inputs):  # See Note [Host tensor arguments]
             rec.ok = False
@@ -1006,16 +1014,18 @@ class Replayer:
 
     def _finish(self, entry: _Entry, rec: Recording) -> None:
         rec.done = True
-        last = entry.last
-        entry.last = rec
+        last, before = entry.last, entry.before_last
+        entry.last, entry.before_last = rec, last
         matched = last is not None and last.ok and last.matches(rec)
         if rec.ok and (matched or _like_a_sibling(entry, rec)):  # See Note [New shapes]
             rec.bwd_peaks = {last.bwd_state: last.bwd_peak_bytes} if matched and last is not None else {}
             rec.bwd_peaks[rec.bwd_state] = rec.bwd_peak_bytes
-            rec.fwd_chunks = _chunks(rec.fwd, "forward")
-            rec.fwd_segments = _segments(rec)
-            rec.bwd_chunks = _chunks(rec.bwd, "backward")
-            entry.ready = rec
+            _make_ready(entry, rec)
+        elif (rec.ok and last is not None and last.ok and before is not None and before.ok and before.matches(rec)
+              and _alternates(last, rec)):  # See Note [Alternating backwards]
+            plain = rec if len(rec.bwd) <= len(last.bwd) else last
+            plain.bwd_peaks = {plain.bwd_state: plain.bwd_peak_bytes}
+            _make_ready(entry, plain)
 
     # -- replay
 
@@ -1082,6 +1092,29 @@ def _host_rng_state() -> tuple[Any, ...]:
     np_state = np.random.get_state() if np is not None else None
     return (torch.default_generator.get_state().numpy().tobytes(), random.getstate(),
             None if np_state is None else (np_state[1].tobytes(), np_state[2]))
+
+
+# Note [Known draws in forward]: a forward that samples on the device and returns the draw (Stable-Baselines3's
+# ActorCriticPolicy.forward: `actions = distribution.get_actions()`, a Categorical's multinomial, returned beside the
+# values and log-probabilities, read by `actions.cpu().numpy()` for every environment step) gets new draws on every
+# call on a GPU. gpemu knows such draws on the host (Note [Sampled categories] in ops.py; randperm's), but a replayed
+# forward runs none of its ops, so once the recording was ready its actions came back unknown: zeros. The
+# rl-baselines3-zoo PPO CartPole run read every action as 0 after its first few environment steps, and episodes
+# lasted ~9.3 steps where an untrained policy's last ~22 (CleanRL calls its agent's method, not the module, and was
+# not replayed). A recording whose forward made a draw the host knows is never replayed, as with host randomness
+# above: such a forward runs per op on every call (its cost is the same; the emulator's own host time is that of the
+# per-op path). Device-side
+# randomness whose values are not known (dropout, `randn_like`) does not count.
+# Note [Forwards that never replay]: the run report leaves out later iterations in which the replay path recorded a
+# call (Note [Recording steps later on] in report/summary.py): recording a new key is the emulator's warm-up, not the
+# script's. A forward that can never be replayed (a draw the host knows, host randomness, a forward that frees what
+# the previous call left on `self`: SB3's SAC actor keeps its last Normal distribution and Gaussian actions on its
+# `action_dist` and frees them in the next forward, so the forward's net allocation reads negative) also runs per op
+# on every call, but that is its steady state. Each call was counted as recorded: the zoo's PPO run left its 78
+# rollout iterations (32 policy calls each) out of the means, its SAC run 2,899 of 8,700 iterations (the one with each
+# environment step's action), both as "recorded per op (a new input shape or mode)". A call now counts as recorded
+# unless the previous recording under its key could not be replayed (Replayer.warming, the report's meter;
+# Replayer.recorded still counts every call recorded per op).
 
 
 _SEQ_PROBE = torch.zeros(())
@@ -1156,6 +1189,43 @@ def _unflatten_output(leaves: list[Any], spec: Any) -> Any:
         _tag, cls, keys, inner = spec
         return cls(**dict(zip(keys, tree_unflatten(leaves, inner), strict=True)))
     return tree_unflatten(leaves, spec)
+
+
+def _make_ready(entry: _Entry, rec: Recording) -> None:
+    """Chunk `rec`'s ops for replay and make it the entry's replayable recording."""
+    rec.fwd_chunks = _chunks(rec.fwd, "forward")
+    rec.fwd_segments = _segments(rec)
+    rec.bwd_chunks = _chunks(rec.bwd, "backward")
+    entry.ready = rec
+
+
+# Note [Alternating backwards]: a module called more than once before one backward pass (CycleGAN's generators:
+# G_A(real_A), G_A(real_B) for the identity loss on two leaf inputs, one key; G_A(fake_A) for the cycle, another)
+# uses each parameter several times, and autograd sums the contributions (an add per parameter, in the engine's input
+# buffer or AccumulateGrad) inside whichever call's backward recording is open when they arrive. The two same-key
+# recordings differ by those adds (the upstream ResNet-9 generator: 132 and 180 backward ops, 48 parameters) and
+# alternate A, B, A, B, so no two consecutive ones matched and the module ran per op at every step: a local rewrite of
+# CycleGAN's step read 72.1 ms of emulator host against 18.7 ms of GPU (session 15). A recording that matches the one
+# two back, while the one between differs from it only by adds in its backward (same forward, same backward with
+# add ops inserted), makes the variant without the adds replayable: a replayed backward adds each gradient into
+# `.grad` itself (`grad.add_(g)`, Note [Direct gradients]), or the engine sums the returned gradients, so every call
+# replayed from the plain variant charges those adds once, where they were charged before. In the test's two small
+# generators the replayed steps then read the GPU time they read before this change (1,285.4 us on an A100), which
+# is 6.4 % above the per-op steps' 1,208.5: the cross-generator call (its own key) was already replayed, and its
+# recording holds the adds its replay makes again (left: telling those adds from a model's own gradient sums, tied
+# weights, is not done).
+def _alternates(a: Recording, b: Recording) -> bool:
+    """Return True when `a` and `b` ran the same forward and their backwards differ only by inserted add ops."""
+    if a.fwd != b.fwd or a.out_meta != b.out_meta or a.reads != b.reads or len(a.bwd) == len(b.bwd):
+        return False
+    short, long = (a.bwd, b.bwd) if len(a.bwd) < len(b.bwd) else (b.bwd, a.bwd)
+    i = 0
+    for op in long:
+        if i < len(short) and op == short[i]:
+            i += 1
+        elif not op[0].startswith("add"):
+            return False
+    return i == len(short)
 
 
 # Note [New shapes]: a recording becomes replayable when two calls under one key (shapes, dtypes, modes, read values)
