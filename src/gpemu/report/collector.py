@@ -27,6 +27,12 @@ from gpemu.device.gpu import EmulatedGPU
 # (`launched_s`: the engine seconds of every item launched inside the window, wherever it ran). At the end of an epoch
 # the host may stop launching while the GPU still runs the last iteration: that iteration closes when the GPU finishes
 # the work launched so far (or at the next epoch's first fetch, if that comes sooner), so an epoch's tail is not lost.
+# Note [GPU waits inside a fetch]: a dataset that moves each sample to the device in __getitem__ (lucidrains'
+# x-transformers train_enwik8.py: `full_seq.cuda()` from pageable memory, in a 0-worker DataLoader) makes the fetch
+# wait for the GPU's queued work, as CUDA's pageable copy does. That wait was counted as data wait: the enwik8 run read
+# 71.5 % fetch stall beside 97 % GPU busy (session 15). Time the host spends blocked on a device inside a fetch is now
+# the GPU's: it leaves the data wait (fetch stall) and joins that iteration's sync wait; a fetch that does not touch
+# the device is unchanged.
 # Note [Prefetching loaders]: a loader wrapper that fetches one batch ahead (timm's PrefetchLoader, NVIDIA apex's
 # data_prefetcher, `cuda_prefetcher.py`) fetches batch k+1 before it yields batch k, so it yields its last batch after
 # the DataLoader raised StopIteration. That step then ran outside any iteration: timm's train.py lost one training
@@ -124,6 +130,7 @@ class IterationWindow:
     start_s: float
     end_s: float | None = None
     fetches: list[tuple[float, float]] = field(default_factory=list)
+    fetch_sync_s: float = 0.0  # host waits on the GPU inside its fetches: Note [GPU waits inside a fetch]
     sync_wait_start_s: float = 0.0
     sync_wait_end_s: float = 0.0
     h2d_bytes_start: int = 0
@@ -203,11 +210,19 @@ class RunCollector:
         return sum(d.stats.h2d_bytes for d in self.devices)
 
     # -- iteration marks -------------------------------------------------------------------------------------------
-    def on_fetch(self, start_s: float, end_s: float, source: Any = None) -> None:
+    def sync_wait_total(self) -> float:
+        """Return the seconds the host has spent blocked on the devices so far (every device, every kind)."""
+        return self._sync_wait_total()
+
+    def on_fetch(self, start_s: float, end_s: float, source: Any = None, sync_wait_before_s: float | None = None) -> None:
         """Record a successful batch fetch: it ends the open iteration and starts a new one at `start_s`; `source`
-        (the loader iterator) tells a loader starting (Note [The last training step])."""
+        (the loader iterator) tells a loader starting (Note [The last training step]); `sync_wait_before_s`, the
+        sync_wait_total() read when the fetch began, moves GPU waits inside it out of the data wait (Note [GPU waits
+        inside a fetch])."""
         with self._lock:
             self.attach()
+            sync_now = self._sync_wait_total()
+            fetch_sync = 0.0 if sync_wait_before_s is None else max(0.0, sync_now - sync_wait_before_s)
             if not self._epoch_open:
                 self._epoch_open = True
                 self._epoch += 1
@@ -216,12 +231,14 @@ class RunCollector:
                 win = self._open
                 if win is not None and win.step_mark is not None:
                     self._close_at_step(win.step_mark, start_s)
-            self._close(start_s)
+            self._close(start_s, sync_total=sync_now - fetch_sync)
             last = self.iterations[-1] if self.iterations else None
             if last is not None and last.end_s is not None and last.end_s > start_s:
                 last.end_s = start_s
             win = self._new_window(start_s)
             win.fetches.append((start_s, end_s))
+            win.fetch_sync_s = fetch_sync
+            win.sync_wait_start_s -= fetch_sync  # the wait belongs to this iteration, as its fetch does
             self.iterations.append(win)
             self._open = win
             if self.trace is not None:
@@ -296,7 +313,7 @@ class RunCollector:
             del self.iterations[start_index:]
             self._open = None
 
-    def _close(self, end_s: float, partial: bool = False) -> None:
+    def _close(self, end_s: float, partial: bool = False, sync_total: float | None = None) -> None:
         win = self._open
         if win is None:
             return
@@ -311,7 +328,7 @@ class RunCollector:
             self.iterations.append(win)
         win.end_s = max(win.start_s, end_s)
         win.partial = partial
-        win.sync_wait_end_s = self._sync_wait_total()
+        win.sync_wait_end_s = self._sync_wait_total() if sync_total is None else sync_total
         win.h2d_bytes_end = self._h2d_bytes_total()
         if self.emulator_meter is not None:
             win.emulator_end = self.emulator_meter()

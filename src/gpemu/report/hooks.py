@@ -144,6 +144,7 @@ class RunReport:
             if report.memory is not None:
                 report.memory.on_step_boundary()
             t0 = report.collector.now()
+            waited0 = report.collector.sync_wait_total()  # Note [GPU waits inside a fetch] in collector.py
             try:
                 batch = original(it)
             except StopIteration:
@@ -151,7 +152,7 @@ class RunReport:
                 raise
             finally:
                 _tls.inside = False
-            report.collector.on_fetch(t0, report.collector.now(), it)
+            report.collector.on_fetch(t0, report.collector.now(), it, waited0)
             report._maybe_flush()
             return batch
 

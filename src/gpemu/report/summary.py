@@ -45,7 +45,8 @@ def iteration_rows(collector: RunCollector) -> list[dict[str, Any]]:
         t0, t1 = win.start_s, win.end_s
         wall = t1 - t0
         fetches = [(max(a, t0), min(b, t1)) for a, b in win.fetches]
-        data_wait = sum(max(0.0, b - a) for a, b in fetches)
+        data_wait = max(0.0, sum(max(0.0, b - a) for a, b in fetches) - win.fetch_sync_s)  # Note [GPU waits inside a
+        # fetch] in collector.py
         busy_per_dev, h2d_per_dev, idle_data_per_dev, work_per_dev = [], [], [], []
         for dev in devices:
             work_per_dev.append(win.launched_s.get((dev.index, "compute"), 0.0))
