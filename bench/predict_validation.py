@@ -154,6 +154,35 @@ def leave_one_gpu_out(rows: pd.DataFrame, steps: int, use_cache: bool, per_gpu: 
     return pd.concat(out)
 
 
+SPARSE_BATCHES = (1, 16, 64, 256)  # the H200 profile's batch sizes (src/gpemu/profiles/builtin/h200-sxm-141gb.csv)
+
+
+def sparse_source(logo: pd.DataFrame) -> pd.DataFrame:
+    """Return, for held-out rows at batch sizes between SPARSE_BATCHES, the nearest source's prediction as if that
+    source had measured only SPARSE_BATCHES: its measured / model ratio interpolated log-log (as predict_phase does:
+    Note [Between the source's measured batch sizes]), the spec model (the fallback before session 15), and the exact
+    scaled prediction (the source measured at that batch)."""
+    gpus = sorted(logo["gpu"].unique())
+    by_source = {g: min((x for x in gpus if x != g), key=lambda x: source_distance(get_gpu(g), get_gpu(x)))
+                 for g in gpus}
+    out = []
+    for (gpu, _workload, _phase), sel in logo.groupby(["gpu", "workload", "phase"]):
+        x = by_source[gpu]
+        sel = sel.dropna(subset=[f"pred_from_{x}"]).sort_values("batch_size")
+        batch = sel["batch_size"].to_numpy()
+        ratio = (sel[f"pred_from_{x}"] / sel[f"spec_with_{x}"]).to_numpy()
+        have = np.isin(batch, SPARSE_BATCHES)
+        if have.sum() < 2:
+            continue
+        between = ~have & (batch > batch[have].min()) & (batch < batch[have].max())
+        r = np.exp(np.interp(np.log(batch[between]), np.log(batch[have]), np.log(ratio[have])))
+        part = sel[between].copy()
+        part["pred_interp"] = part[f"spec_with_{x}"].to_numpy() * r
+        part["pred_exact"] = part[f"pred_from_{x}"]
+        out.append(part)
+    return pd.concat(out)
+
+
 def leave_models_out(rows: pd.DataFrame, steps: int, folds: int, use_cache: bool) -> pd.DataFrame:
     """Return per-row spec-model predictions for models held out of the fit (k folds over models)."""
     models = sorted(rows["workload"].unique())
@@ -284,6 +313,14 @@ def main() -> None:
         if len(sel):
             _row(regimes, label, _errors(sel, "pred_closest"))
     console.print(regimes)
+
+    sparse = sparse_source(logo)
+    table = _table(f"Leave-one-GPU-out, the nearest source thinned to batch {', '.join(map(str, SPARSE_BATCHES))} "
+                   "(rows between them)")
+    _row(table, "interpolated source ratio (since session 15)", _errors(sparse, "pred_interp"))
+    _row(table, "spec model (before)", _errors(sparse, "pred"))
+    _row(table, "source measured at the batch (for reference)", _errors(sparse, "pred_exact"))
+    console.print(table)
 
     if args.skip_lmo:
         lmo = logo.iloc[0:0].assign(pred=np.nan)

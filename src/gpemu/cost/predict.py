@@ -216,7 +216,9 @@ def _measured_series(rows: Any, gpu_key: str, workload: str, phase: str, dtype: 
 # over (value = r_X(B) x model_Y(B)); between two measured sizes lo < B < hi it is now interpolated linearly in
 # log r against log B and applied to model_Y(B) (path "scaled-from:<X>", details `interpolated_between`). Outside X's
 # measured range (beyond its memory, Note [Nearest source or the spec model]) the spec model stays. GPEmu's five GPUs
-# are measured at every batch size from 1 to 256, so bench/predict_validation.py does not move.
+# are measured at every batch size from 1 to 256; bench/predict_validation.py thins each held-out GPU's nearest source
+# to batch 1, 16, 64, 256 and predicts the rows between: fwd+bwd 6.9 / 19.3 % (median / p90) interpolated, 13.6 /
+# 29.0 % from the spec model, 6.0 / 18.0 % had the source measured that batch (21,835 rows).
 def _interpolated_ratio(series: dict[int, float], batch_size: int, model_at: Any) -> tuple[float, int, int] | None:
     """Return (r, lo, hi): the source's measured / model ratio interpolated in log-log at `batch_size` between its
     nearest measured batch sizes lo < batch_size < hi (lo = hi = batch_size where it was measured), or None when the
