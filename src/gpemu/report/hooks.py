@@ -296,11 +296,27 @@ def install_report(
 
         def _on_term(signum: int, frame: Any) -> None:
             report.finish()
+            _write_trace_on_term(trace)  # See Note [Trace on SIGTERM]
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
 
         signal.signal(signal.SIGTERM, _on_term)
     return report
+
+
+# Note [Trace on SIGTERM]: a run stopped by SIGTERM (`timeout 300 gpemu run ...`, Note [Signals to the child] in
+# run_cmd.py) ends as SIGTERM ends a plain python run: no atexit handlers. The handler above writes the run report
+# first, but `--trace` is written by an atexit handler (emulation.py), so a signal-stopped run lost its trace.
+# yenchenlin/nerf-pytorch's run_nerf.py fixes N_iters = 200,001 in the file, so a short run is one stopped by a
+# signal, and `--trace` came back empty. The handler now writes the trace too (once: the process then dies by
+# SIGTERM, and the atexit writer never runs).
+def _write_trace_on_term(trace: Any) -> None:
+    path = os.environ.get("GPEMU_TRACE")
+    if trace is None or not path:
+        return
+    from gpemu.torch_backend.emulation import write_trace_unless_idle
+
+    write_trace_unless_idle(trace, path)
 
 
 def _timing_sources() -> dict[str, Any]:

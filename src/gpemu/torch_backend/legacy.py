@@ -94,26 +94,65 @@ def patched_type(orig: Callable[..., Any]) -> Callable[..., Any]:
     return type_
 
 
-def patched_set_default_tensor_type(orig: Callable[..., Any]) -> Callable[..., Any]:
+# Note [Legacy constructor under a cuda default type]: `torch.set_default_tensor_type(torch.cuda.FloatTensor)` sets
+# torch's default tensor type, not only its default device: besides the factories (torch.ones, torch.linspace, which
+# gpemu routes through `set_default_device("cuda")`), the legacy constructor `torch.Tensor(data)` / `torch.Tensor(n)`
+# builds tensors of that type, so on a GPU it returns a cuda tensor. `set_default_device` does not reach it (torch
+# leaves `torch.Tensor(...)` on the CPU under a default device), and gpemu never sets torch's real default type to a
+# cuda one (there is no CUDA), so `torch.Tensor([1e10])` stayed a CPU tensor. yenchenlin/nerf-pytorch's run_nerf.py
+# (which sets the cuda type in `__main__`) died in its first step: `torch.cat([dists, torch.Tensor([1e10]).expand(...)])`
+# raised "Expected all tensors to be on the same device" where a GPU runs. While a cuda default type is set,
+# `torch.Tensor(...)` itself (not its subclasses) builds what `torch.cuda.<default dtype>Tensor(...)` builds.
+_cuda_default_type = False
+
+
+def _patched_tensor_new(orig: Any) -> Callable[..., Any]:
+    """Return torch.Tensor.__new__ that builds emulated tensors while a cuda default tensor type is set."""
+
+    def __new__(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        device = kwargs.get("device")
+        if cls is torch.Tensor and _cuda_default_type and (device is None or torch.device(device).type == "cuda"):
+            legacy_cls = LEGACY_TYPES.get(_NAMES.get(torch.get_default_dtype(), ""), LEGACY_TYPES["FloatTensor"])
+            return legacy_cls(*args, **kwargs)
+        return orig(cls, *args, **kwargs)
+
+    return __new__
+
+
+def patched_set_default_tensor_type(orig: Callable[..., Any], patcher: Any = None) -> Callable[..., Any]:
     """Return torch.set_default_tensor_type that maps a legacy cuda type to a cuda default device and dtype."""
 
     @functools.wraps(orig)
     def set_default_tensor_type(t: Any) -> None:
+        global _cuda_default_type
         target = _type_target(t)
         if target is None or not target[0]:
             if target is not None:
                 torch.set_default_device(None)
+            _cuda_default_type = False
             orig(t)
             return
         torch.set_default_dtype(target[1])
         torch.set_default_device("cuda")
+        if patcher is not None and "__new__" not in torch.Tensor.__dict__:  # Note [Legacy constructor under a cuda ...]
+            patcher.set(torch.Tensor, "__new__", _patched_tensor_new(torch.Tensor.__new__))
+        _cuda_default_type = True
 
     return set_default_tensor_type
 
 
 def apply(patcher: Any) -> None:
     """Install the legacy cuda tensor types, Tensor.type and torch.set_default_tensor_type through `patcher`."""
+    global _cuda_default_type
+    _cuda_default_type = False
+    patcher.on_restore(_reset_default_type)
     for name, cls in LEGACY_TYPES.items():
         patcher.set(torch.cuda, name, cls)
     patcher.set(torch.Tensor, "type", patched_type(torch.Tensor.type))
-    patcher.set(torch, "set_default_tensor_type", patched_set_default_tensor_type(torch.set_default_tensor_type))
+    patcher.set(torch, "set_default_tensor_type",
+                patched_set_default_tensor_type(torch.set_default_tensor_type, patcher))
+
+
+def _reset_default_type() -> None:
+    global _cuda_default_type
+    _cuda_default_type = False

@@ -519,6 +519,42 @@ def _equal(func: Any, args: Any, kwargs: Any) -> Any:
     return args[0].shape == args[1].shape
 
 
+# Note [Equal on internal meta tensors]
+# An emulated tensor's C++ device is meta (Note [Why the wrapper lives on meta] in tensor.py), so a C++ composite op
+# that builds a helper tensor from `self.options()` builds a plain meta tensor that never reaches gpemu's dispatch.
+# torch.cov does: `num_observations = at::scalar_tensor(n, observations.options())`, then
+# `TORCH_WARN_IF(is_scalar_tensor_true(at::le(norm_factor, 0)), ...)`, where is_scalar_tensor_true is
+# `at::equal(t, t.new_ones({}))` and meta has no `equal` kernel: torch.cov of any emulated tensor raised
+# NotImplementedError (hlb-CIFAR10's main.py whitens its first conv with `torch.cov(patches)`; on a GPU the check reads
+# False for any valid input and cov returns). While gpemu is installed, aten::equal gets a Meta kernel answering as
+# `_equal` does for values it does not know: a 0-dim bool against its ones reads False (a C++ sanity check on it does
+# not fire), otherwise "equal" when the shapes match.
+_meta_equal_lib: Any = None
+
+
+def _meta_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.dtype == torch.bool and a.numel() == 1 and a.shape == b.shape:
+        return False
+    return a.shape == b.shape
+
+
+def install_meta_equal() -> Callable[[], None]:
+    """Register the Meta kernel of Note [Equal on internal meta tensors]; return the function that removes it."""
+    global _meta_equal_lib
+    if _meta_equal_lib is not None:  # already installed (a nested install): the outer one removes it
+        return lambda: None
+    lib = torch.library.Library("aten", "IMPL")
+    lib.impl("equal", _meta_equal, "Meta")
+    _meta_equal_lib = lib
+
+    def remove() -> None:
+        global _meta_equal_lib
+        lib._destroy()
+        _meta_equal_lib = None
+
+    return remove
+
+
 @_special(aten.new_ones.default)
 def _new_ones(func: Any, args: Any, kwargs: Any) -> Any:
     """new_ones: a tensor of at most 16 ones keeps that host value (as torch.full does)."""

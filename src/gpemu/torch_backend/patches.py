@@ -33,6 +33,7 @@ from gpemu.torch_backend.ops import (
     device_to_host,
     finite_check_passes,
     host_to_device,
+    install_meta_equal,
     known_draws,
     peer_copy,
     set_known_value,
@@ -621,6 +622,7 @@ def apply(emu: state.Emulation, patcher: Patcher) -> None:
     if hasattr(torch.nn.Module, "compile"):
         patcher.set(torch.nn.Module, "compile", _eager_module_compile)
     hf_generate.apply(patcher)  # Note [Beam search under emulation]
+    patcher.on_restore(install_meta_equal())  # Note [Equal on internal meta tensors] in ops.py
 
 
 def _ctc_loss_with_host_lengths(orig: Callable[..., Any]) -> Callable[..., Any]:
