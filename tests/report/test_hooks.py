@@ -111,3 +111,22 @@ def test_gpu_waits_inside_a_fetch_are_not_data_wait(tmp_path: Path) -> None:
         assert 0.002 <= row["data_wait_s"] < 0.012
         assert row["sync_wait_s"] > 0.020
         assert row["fetch_stall_pct"] < 40.0
+
+
+def test_each_loader_counts_its_own_epochs() -> None:
+    # Note [Epochs per loader]: two training epochs of 3 batches, a one-batch validation pass after every training
+    # step (milesial's Pytorch-UNet validates every step on small sets). Training iterations read epoch 1, 1, 1, 2, 2,
+    # 2; the validation ones their pass number 1..6 (before: every loader pass began a new epoch, 1 to 12).
+    emu = Emulator("v100")
+    train = DataLoader(torch.zeros(3, 2), batch_size=1)
+    val = DataLoader(torch.zeros(1, 2), batch_size=1)
+    with reporting(emu.devices) as rep:
+        for _epoch in range(2):
+            for _batch in train:
+                emu.compute(0.001, "step")
+                for _v in val:
+                    emu.compute(0.0005, "eval")
+        emu.synchronize()
+    epochs = [row["epoch"] for row in rep.to_dict()["iterations"]]
+    assert epochs[0::2] == [1, 1, 1, 2, 2, 2]  # training fetches
+    assert epochs[1::2] == [1, 2, 3, 4, 5, 6]  # validation passes

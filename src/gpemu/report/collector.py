@@ -174,7 +174,8 @@ class RunCollector:
         self.iterations: list[IterationWindow] = []
         self._open: IterationWindow | None = None
         self._epoch = 0
-        self._epoch_open = False
+        self._passes: dict[int | None, int] = {}  # passes begun per loader (its dataset): Note [Epochs per loader]
+        self._open_passes: set[int | None] = set()
         self._last_activity_s = 0.0
         # compute-engine seconds by where their duration came from (work.args["timing"]: "calibrated" to a measured
         # profile, "predicted" by the cost model, ...), over the whole run
@@ -223,9 +224,11 @@ class RunCollector:
             self.attach()
             sync_now = self._sync_wait_total()
             fetch_sync = 0.0 if sync_wait_before_s is None else max(0.0, sync_now - sync_wait_before_s)
-            if not self._epoch_open:
-                self._epoch_open = True
-                self._epoch += 1
+            loader = _loader_key(source)  # See Note [Epochs per loader]
+            if loader not in self._open_passes:
+                self._open_passes.add(loader)
+                self._passes[loader] = self._passes.get(loader, 0) + 1
+            self._epoch = self._passes[loader]
             if source is not None and source not in self._sources:
                 self._sources.add(source)
                 win = self._open
@@ -244,15 +247,19 @@ class RunCollector:
             if self.trace is not None:
                 self.trace.host_span("data wait", start_s, end_s, category="data", iteration=win.index)
 
-    def on_exhausted(self, start_s: float) -> None:
-        """Record a fetch that raised StopIteration: close the open iteration, open none (end of epoch)."""
+    def on_exhausted(self, start_s: float, source: Any = None) -> None:
+        """Record a fetch that raised StopIteration: close the open iteration, open none (end of the epoch of
+        `source`'s loader, or of every loader when it is not given)."""
         with self._lock:
             # The last iteration ends when the GPU finishes what it launched (see Note [Iterations]); a next epoch
             # that starts fetching before then cuts it at its first fetch.
             gpu_done = max((d.t_done for d in self.devices), default=0.0)
             closing = self._open
             self._close(max(start_s, gpu_done))
-            self._epoch_open = False
+            if source is None:
+                self._open_passes.clear()
+            else:
+                self._open_passes.discard(_loader_key(source))
             if closing is not None and not closing.tail:  # See Note [Prefetching loaders]
                 self._open = self._new_window(start_s, tail=True)
 
@@ -397,3 +404,16 @@ class _DeviceLog:
     def on_host_wait(self, start_s: float, end_s: float, reason: str) -> None:
         """Note host activity at the end of a wait."""
         self.collector._last_activity_s = max(self.collector._last_activity_s, end_s)
+
+
+# Note [Epochs per loader]: an iteration's `epoch` was the number of loader passes begun so far in the process, so a
+# training loop that validates after every few steps counted each validation pass as an epoch (milesial's
+# Pytorch-UNet, one epoch of 36 images with validation every step, reported epochs 1 to 18; session 15). Each loader
+# (keyed by its dataset: a DataLoader's iterators share it across passes) now counts its own passes: training
+# iterations carry the training loader's epoch, validation iterations their loader's pass number. Iterations marked
+# without a loader (mark_iteration, tests) share one count, as before.
+def _loader_key(source: Any) -> int | None:
+    """Return the key of the loader an iterator belongs to (its dataset's id), or None for no iterator."""
+    if source is None:
+        return None
+    return id(getattr(source, "_dataset", source))

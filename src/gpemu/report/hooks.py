@@ -148,7 +148,7 @@ class RunReport:
             try:
                 batch = original(it)
             except StopIteration:
-                report.collector.on_exhausted(t0)
+                report.collector.on_exhausted(t0, it)
                 raise
             finally:
                 _tls.inside = False
