@@ -354,8 +354,21 @@ def _record_arange_range(out: EmuTensor, args: Any, kwargs: Any) -> None:
         set_value_range(out, min(first, last), max(first, last))
 
 
+# Note [Large device permutations]: a device randperm is drawn on the host too and its whole value kept, so that a
+# sampler's `randperm(n).tolist()` yields real indices. Its size had no cap: nerf-pytorch shuffles every training ray
+# with `torch.randperm(rays_rgb.shape[0])` at each pass, 960,000 rays (7.7 MB of int64) for six 400 x 400 frames, but
+# ~64 M (512 MB of host memory, ~2 s of host time) for a full-resolution 100-frame lego set (session 15). Above
+# RANDPERM_KNOWN_MAX elements the permutation is not drawn: its elements read as values in [0, n) (a value range,
+# Note [Value ranges] in ops.py: `perm.max()` reads n - 1), and indexing with it is shape-only, as any computed index.
+RANDPERM_KNOWN_MAX = 1 << 23  # 8,388,608 elements: 64 MB of int64
+
+
 def _record_randperm(out: EmuTensor, orig: Callable[..., Any], args: Any, kwargs: Any, index: int) -> None:
-    """Draw the permutation on the host too, so a sampler's `randperm(n).tolist()` yields real indices."""
+    """Draw the permutation on the host too, so a sampler's `randperm(n).tolist()` yields real indices (up to
+    RANDPERM_KNOWN_MAX elements: Note [Large device permutations])."""
+    if out.numel() > RANDPERM_KNOWN_MAX:
+        set_value_range(out, 0, out.numel() - 1)
+        return
     generator = kwargs.get("generator")
     if generator is None and rng._generators:
         generator = rng._generators[index]
