@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +24,34 @@ def shared_data() -> Path:
     if not (SHARED_DATA / "gpemu-profiles").is_dir():
         pytest.skip(f"shared reference data not found at {SHARED_DATA}")
     return SHARED_DATA
+
+
+@pytest.fixture
+def gpemu_run_started(tmp_path: Path) -> Iterator[Callable[[list[str], str], tuple[subprocess.Popen[bytes], str]]]:
+    """Return start(options, script): run `python -m gpemu run <options> -- python -c <script> <out>` and wait until
+    the script wrote `<out>.pid`; returns (the gpemu run process, out). Leftover processes are killed afterwards."""
+    procs: list[subprocess.Popen[bytes]] = []
+    children: list[int] = []
+
+    def start(options: list[str], script: str) -> tuple[subprocess.Popen[bytes], str]:
+        out = str(tmp_path / f"child{len(procs)}")
+        proc = subprocess.Popen([sys.executable, "-m", "gpemu", "run", *options, "--", sys.executable, "-c", script,
+                                 out])
+        procs.append(proc)
+        deadline = time.monotonic() + 120
+        while not os.path.exists(out + ".pid") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)
+        children.append(int(Path(out + ".pid").read_text()))
+        return proc, out
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+    for child in children:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
 
 
 # Checked once at collection, before any test installs the emulator (which patches torch.cuda.is_available).

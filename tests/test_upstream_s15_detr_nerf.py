@@ -3,14 +3,9 @@ reproduced in a few lines of plain PyTorch."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -72,29 +67,15 @@ while True:  # run_nerf.py: `for i in trange(1, 200000 + 1)`, fixed in the file
 """
 
 
-def test_trace_is_written_when_a_signal_stops_the_run(tmp_path: Path) -> None:
+def test_trace_is_written_when_a_signal_stops_the_run(tmp_path: Path, gpemu_run_started: Any) -> None:
     # Note [Trace on SIGTERM]: run_nerf.py fixes 200,001 iterations, so a short run is `timeout 240 gpemu run --trace
     # t.json ...`; the report came back (its SIGTERM handler) but t.json did not (written only at exit). Now the
     # handler writes the trace too: the three 256^3 matmuls and three relus the script queued are in it.
-    out, trace = str(tmp_path / "child"), tmp_path / "t.json"
-    proc = subprocess.Popen([sys.executable, "-m", "gpemu", "run", "--gpu", "a100", "--trace", str(trace), "--",
-                             sys.executable, "-c", _FIXED_ITERATIONS, out])
-    child = 0
-    try:
-        deadline = time.monotonic() + 120
-        while not os.path.exists(out + ".pid") and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.2)
-        child = int(Path(out + ".pid").read_text())
-        proc.terminate()  # SIGTERM to gpemu run, passed on to the script (Note [Signals to the child])
-        assert proc.wait(timeout=60) == 143  # the script died by SIGTERM, as a plain python run does
-        events = json.loads(trace.read_text())
-        events = events["traceEvents"] if isinstance(events, dict) else events
-        names = [e.get("name") for e in events if e.get("ph") == "X"]
-        assert names.count("mm.default") == 3 and names.count("relu.default") == 3, names
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        if child:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(child, signal.SIGKILL)
+    trace = tmp_path / "t.json"
+    proc, _out = gpemu_run_started(["--gpu", "a100", "--trace", str(trace)], _FIXED_ITERATIONS)
+    proc.terminate()  # SIGTERM to gpemu run, passed on to the script (Note [Signals to the child])
+    assert proc.wait(timeout=60) == 143  # the script died by SIGTERM, as a plain python run does
+    events = json.loads(trace.read_text())
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    names = [e.get("name") for e in events if e.get("ph") == "X"]
+    assert names.count("mm.default") == 3 and names.count("relu.default") == 3, names

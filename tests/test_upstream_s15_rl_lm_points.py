@@ -3,14 +3,9 @@ train_enwik8.py and fxia22/pointnet.pytorch's train_classification.py, each idio
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -119,30 +114,15 @@ for _ in range(1200):
 """
 
 
-def test_sigterm_to_gpemu_run_reaches_the_script(tmp_path: Path) -> None:
+def test_sigterm_to_gpemu_run_reaches_the_script(gpemu_run_started: Any) -> None:
     # Note [Signals to the child]: x-transformers' train_enwik8.py runs 100,000 batches (fixed in the file), so a
     # short run is one stopped by a signal. A SIGTERM to `gpemu run` alone killed only it: the script ran on as an
     # orphan (for up to 60 s here) and its report stayed incomplete. Now the script gets the signal, and its exit
     # status (3, from its handler) is gpemu run's
-    out = str(tmp_path / "child")
-    proc = subprocess.Popen([sys.executable, "-m", "gpemu", "run", "--gpu", "a100", "--", sys.executable, "-c",
-                             _TERM_CHILD, out])
-    child = 0
-    try:
-        deadline = time.monotonic() + 120
-        while not os.path.exists(out + ".pid") and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.2)
-        child = int(Path(out + ".pid").read_text())
-        proc.terminate()  # SIGTERM to gpemu run only, as a launcher's Popen.terminate() sends it
-        assert proc.wait(timeout=30) == 3
-        assert Path(out + ".term").read_text() == "TERM"
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        if child:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(child, signal.SIGKILL)
+    proc, out = gpemu_run_started(["--gpu", "a100"], _TERM_CHILD)
+    proc.terminate()  # SIGTERM to gpemu run only, as a launcher's Popen.terminate() sends it
+    assert proc.wait(timeout=30) == 3
+    assert Path(out + ".term").read_text() == "TERM"
 
 
 class _Dist:
