@@ -93,7 +93,18 @@ def init_emulated_ddp(orig: Callable[..., None], ddp: Any, module: torch.nn.Modu
         )
     buckets_are_grads = bool(kwargs.get("gradient_as_bucket_view", False))
     kwargs["gradient_as_bucket_view"] = False
+    from gpemu.torch_backend.ops import known_value, set_known_value
+    from gpemu.torch_backend.tensor import EmuTensor
+
+    kept = [(b, v) for b in module.buffers() if isinstance(b, EmuTensor) and (v := known_value(b)) is not None]
     orig(ddp, module, *args, **kwargs)
+    # Note [Buffers through DDP's initial broadcast]: DDP's constructor broadcasts the parameters and buffers from
+    # rank 0 (flattened into one tensor, broadcast, copied back). On one rank they come back unchanged, but the copy
+    # back made gpemu forget the values it knew: facebookresearch/moco's `queue_ptr` buffer read 0 ever after. The
+    # buffers whose values were known before keep them.
+    for b, v in kept:
+        if known_value(b) is None:
+            set_known_value(b, v)
     reducer = getattr(ddp, "reducer", None)
     if reducer is not None:
         _EMULATED_REDUCERS[id(reducer)] = reducer

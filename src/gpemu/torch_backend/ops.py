@@ -454,7 +454,10 @@ def _copy_(func: Any, args: Any, kwargs: Any) -> Any:
         return dst
     if isinstance(dst, EmuTensor):  # host -> device into an existing tensor
         if src.dim() == 0 and src.device.type == "cpu":
-            return run_op(aten.fill_.Tensor, (dst, src), {})
+            out = run_op(aten.fill_.Tensor, (dst, src), {})
+            if _known_values_enabled((dst,)):  # `ptr[0] = n`: See Note [Writes through views]
+                propagate_known(aten.fill_.Tensor, (dst, src), {}, out)
+            return out
         tmp = host_to_device(src, dst._index, non_blocking)
         return run_op(func, (dst, tmp), {})
     # device -> host into an existing CPU tensor
@@ -1221,6 +1224,8 @@ def _counter_inplace(func: Any, args: Any, kwargs: Any) -> Any:
         if t.numel() <= 16:  # a reset: the value is known again
             value = args[1] if func is _FILL else 0
             set_known_value(t, torch.full(tuple(t.shape), value, dtype=t.dtype, device="cpu"), bumps=1)
+            if t._base is not None:  # See Note [Writes through views]
+                _write_through(t, torch.full(tuple(t.shape), value, dtype=t.dtype, device="cpu"))
         return out
     rec = _known.get(id(t)) if _known else None
     if rec is None or rec[2] or rec[0]() is not t or rec[3] != _version_of(args[0]):  # not known (or stale)
@@ -1607,7 +1612,8 @@ def propagate_known(func: Any, args: Any, kwargs: Any, out: Any) -> bool:
         rec = _known_record(args[0])
         if rec is None or rec[1] or not isinstance(out, EmuTensor):
             return False
-        set_known_value(out, rec[0], sources=_sources.get(id(args[0])), expr=_exprs.get(id(args[0])))
+        set_known_value(out, rec[0], sources=_sources.get(id(args[0])), expr=_exprs.get(id(args[0])),
+                        bumps=_shared_bumps(func, args[0], out))
         return True
     outs = out if isinstance(out, (tuple, list)) else (out,)
     for o in outs:
@@ -1654,6 +1660,8 @@ def propagate_known(func: Any, args: Any, kwargs: Any, out: Any) -> bool:
             func(*hargs, **hkwargs)
             set_known_value(args[0], target, bumps=1, sources=frozen,  # torch bumps the version after dispatch
                             expr=HostExpr(func, eargs, ekwargs, inplace=True) if frozen else None)
+            if args[0]._base is not None:
+                _write_through(args[0], target)  # See Note [Writes through views]
             return True
         hout = func(*hargs, **hkwargs)
     except Exception:  # an op the CPU cannot run on these values: the outputs stay unknown
@@ -1662,6 +1670,83 @@ def propagate_known(func: Any, args: Any, kwargs: Any, out: Any) -> bool:
     done = False
     for i, (o, h) in enumerate(zip(outs, houts, strict=False)):
         if isinstance(o, EmuTensor) and isinstance(h, torch.Tensor) and h.shape == o.shape:
-            set_known_value(o, h, sources=frozen, expr=HostExpr(func, eargs, ekwargs, index=i) if frozen else None)
+            set_known_value(o, h, sources=frozen, expr=HostExpr(func, eargs, ekwargs, index=i) if frozen else None,
+                            bumps=_shared_bumps(func, args[0], o))
             done = True
     return done
+
+
+def _shared_bumps(func: Any, base: Any, view: EmuTensor) -> int:
+    """Versions a view made inside dispatch will still gain: on its way out autograd gives it its base's version
+    counter, which has counted the base's in-place ops (Note [Writes through views]); 0 for other outputs."""
+    if not func.is_view or not isinstance(base, EmuTensor):
+        return 0
+    vb, vv = _version_of(base), _version_of(view)
+    return vb - vv if vb >= 0 and vv >= 0 else 0
+
+
+# Note [Writes through views]: `ptr[0] = n` writes a small known tensor through a view (select + copy_ of a 0-dim
+# host tensor, which gpemu runs as fill_). On a GPU the base changes; here the view's value was updated (or, before,
+# not even that: the copy_ handler skipped Note [Known values through small ops]) and the base, whose version counter
+# the view shares, was then forgotten as modified: its next read returned zeros. facebookresearch/moco's queue keeps
+# its position in a one-element buffer (`ptr = int(self.queue_ptr)`, `self.queue_ptr[0] = (ptr + batch) % K`): every
+# step read 0 and wrote its keys over the same first columns of the queue, where a GPU run moves along it. Now an
+# in-place op on a view whose value gpemu computes also writes that value into the base's known value (when the base
+# is known and up to date), so the base stays known: 0, 16, 32, ... as on a GPU.
+# A view made inside dispatch has a counter of its own (0) until autograd hands it its base's on the way out: a view
+# of a base already modified in place (version 1 after the write above) was recorded at version 0 and forgotten at
+# once as stale, so `int(ptr[1])` read 0 after any write to ptr; views now record the base's version.
+def _write_view(value: torch.Tensor, size: Any, stride: Any, offset: int, part: Any) -> None:
+    """Write `part` into the view (size, stride, offset) of host tensor `value` (in place)."""
+    value.as_strided(size, stride, offset).copy_(part)
+
+
+def _write_through(view: EmuTensor, part: torch.Tensor) -> None:
+    """Write the new host value `part` of `view` into its base's known value (Note [Writes through views])."""
+    base = view._base
+    if not isinstance(base, EmuTensor):
+        return
+    rec = _known.get(id(base))
+    if rec is None or rec[0]() is not base or rec[2] or rec[3] != _version_of(base):  # unknown, default or stale
+        return
+    value = _known_record(base)
+    if value is None or value[0].shape != base.shape or value[0].stride() != base.stride():
+        return
+    offset = int(view.storage_offset() - base.storage_offset())
+    new = value[0].clone()
+    if new.stride() != base.stride():
+        return
+    try:
+        _write_view(new, tuple(view.shape), view.stride(), offset, part)
+    except RuntimeError:
+        return
+    sources = _sources.get(id(base), frozenset()) | _sources.get(id(view), frozenset())
+    expr = HostExpr(_write_view, (_operand(base), tuple(view.shape), view.stride(), offset, _operand(view)),
+                    inplace=True) if sources else None
+    set_known_value(base, new, bumps=1, sources=sources, expr=expr)
+
+
+def _set_item(value: torch.Tensor, index: Any, number: Any) -> None:
+    value[index] = number
+
+
+def setitem_number(t: EmuTensor, index: Any, number: Any, setitem: Any) -> None:
+    """`t[index] = number`: torch builds the number on `t`'s meta device (its value is lost there) and copies it in;
+    on a `t` whose value is known the write is made on that value too (Note [Writes through views])."""
+    parts = index if isinstance(index, tuple) else (index,)
+    rec = None
+    if _known and not any(isinstance(i, (torch.Tensor, list)) for i in parts):
+        rec = _known_record(t)
+    operand = _operand(t) if rec is not None else None
+    setitem(index, number)
+    if rec is None or rec[1]:
+        return
+    new = rec[0].clone()
+    try:
+        _set_item(new, index, number)
+    except (RuntimeError, IndexError, TypeError):
+        return
+    sources = _sources.get(id(t), frozenset())
+    set_known_value(t, new, sources=sources,  # after the write: torch has bumped the version already
+                    expr=HostExpr(_set_item, (operand, index, number), inplace=True) if sources else None)
+

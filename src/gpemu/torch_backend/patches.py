@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.overrides import handle_torch_function, has_torch_function_unary
 
 from gpemu.errors import GpemuError
 from gpemu.torch_backend import (
@@ -41,7 +42,8 @@ from gpemu.torch_backend.ops import (
     set_value_range,
 )
 from gpemu.torch_backend.pinned import is_pinned, mark_pinned, pin
-from gpemu.torch_backend.tensor import META, EmuTensor, charge, check_fp32_modes, wrap
+from gpemu.torch_backend.tensor import META, EmuTensor, charge, check_fp32_modes, host_subclass, wrap
+from gpemu.torch_backend.tensor import as_subclass as emulated_as_subclass
 
 _MISSING = object()
 
@@ -137,6 +139,9 @@ def _patched_to(orig: Callable[..., Any]) -> Callable[..., Any]:
             return out.contiguous(memory_format=fmt) if relayout else out
         if index is None:
             return orig(self, *args, copy=copy, **kwargs) if copy else orig(self, *args, **kwargs)
+        if type(self) is not torch.Tensor and has_torch_function_unary(self):  # Note [Tensor subclasses of emulated
+            # tensors] in tensor.py: a host subclass (MONAI's MetaTensor) moved to the device stays one, as on a GPU
+            return handle_torch_function(to, (self,), self, *args, copy=copy, **kwargs)
         out = host_to_device(self, index, non_blocking, dtype)
         if relayout:
             out = out.contiguous(memory_format=fmt)
@@ -145,6 +150,16 @@ def _patched_to(orig: Callable[..., Any]) -> Callable[..., Any]:
         return out
 
     return to
+
+
+def _patched_as_subclass(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def as_subclass(self: torch.Tensor, cls: type) -> Any:
+        if isinstance(self, EmuTensor):  # Note [Tensor subclasses of emulated tensors] in tensor.py
+            return emulated_as_subclass(self, cls)
+        return orig(self, host_subclass(cls))
+
+    return as_subclass
 
 
 def _patched_isfinite(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -173,6 +188,8 @@ def _patched_cuda(orig: Callable[..., Any]) -> Callable[..., Any]:
         index = cuda_api.device_index(device)
         if isinstance(self, EmuTensor):
             return self if index == self._index else peer_copy(self, index)
+        if type(self) is not torch.Tensor and has_torch_function_unary(self):  # as in `to` above
+            return handle_torch_function(cuda, (self,), self, device, non_blocking, **kwargs)
         return host_to_device(self, index, non_blocking)
 
     return cuda
@@ -570,7 +587,8 @@ def apply(emu: state.Emulation, patcher: Patcher) -> None:
     for name, make in (("to", _patched_to), ("cuda", _patched_cuda), ("pin_memory", _patched_pin_memory),
                        ("is_pinned", _patched_is_pinned), ("tolist", _patched_tolist), ("numpy", _patched_numpy),
                        ("record_stream", _patched_record_stream), ("new_tensor", _patched_new_tensor),
-                       ("type_as", _patched_type_as), ("isfinite", _patched_isfinite)):
+                       ("type_as", _patched_type_as), ("isfinite", _patched_isfinite),
+                       ("as_subclass", _patched_as_subclass)):
         patcher.set(T, name, make(getattr(T, name)))
     import torch.distributed as dist
 

@@ -160,6 +160,14 @@ class EmuTensor(torch.Tensor):
             return torch.empty(tuple(host.shape), dtype=self.dtype, device=device)  # sizes: no data to copy
         return host.to(device)  # data: copied to the device
 
+    def __setitem__(self, index: Any, value: Any) -> None:
+        if isinstance(value, (int, float, bool)):  # See Note [Writes through views] in ops.py
+            from gpemu.torch_backend.ops import setitem_number
+
+            setitem_number(self, index, value, super().__setitem__)
+            return
+        super().__setitem__(index, value)
+
     def share_memory_(self) -> EmuTensor:
         """Return self: as for CUDA tensors, nothing moves to shared memory (`Module.share_memory()` in Hogwild)."""
         return self
@@ -1021,6 +1029,68 @@ def _list_plan(metas: tuple[Any, ...], index: int) -> tuple[list[tuple[Any, ...]
 
 
 _DETACH = torch.ops.aten.detach.default
+
+
+# Note [Tensor subclasses of emulated tensors]: `t.as_subclass(cls)` on a GPU returns a `cls` over the same data,
+# attached to the autograd graph; torch's default `Tensor.__torch_function__` calls it on every result of an op on a
+# Python tensor subclass (`_convert`), and MONAI builds its MetaTensor that way (`torch.as_tensor(x).as_subclass(
+# MetaTensor)` in every transform's `convert_to_tensor`). On an EmuTensor torch's C++ `as_subclass` takes `alias()`,
+# which our __torch_dispatch__ answers with a wrapper that already has its Python object (an EmuTensor), and refused:
+# "Creating a new Tensor subclass MetaTensor but the raw Tensor object is already associated to a python object of
+# type EmuTensor" (Project-MONAI/tutorials 3d_segmentation/torch/unet_training_array.py died in validation's
+# `post_trans` = Activations(sigmoid=True) on the sliding-window output). gpemu takes the alias through dispatch
+# (autograd records AliasBackward as on a GPU) and re-classes that new wrapper as an emulated `cls`: a class deriving
+# from `cls` and EmuTensor (one per `cls`, named as `cls`), so `isinstance(out, cls)` holds, `cls`'s methods and
+# `__torch_function__` run, and ops still reach EmuTensor's __torch_dispatch__. Its base restores torch's default
+# `__torch_function__` under `cls`'s (EmuTensor disables it), so `super().__torch_function__` in `cls` wraps results
+# in the subclass as on a GPU. `as_subclass(torch.Tensor)` returns the plain EmuTensor alias. A host result of an op
+# on such a tensor (`.cpu()`, which `_convert` re-wraps with `as_subclass` of the emulated class) takes the script's
+# own class: an emulated class over a CPU tensor made `.numpy()` refuse it as a device tensor (MONAI's
+# plot_2d_or_3d_image reads `data.detach().cpu().numpy()`). The other way, `.to("cuda")` / `.cuda()` of a host
+# tensor whose class has a __torch_function__ goes through it, as torch's own methods do, so a MetaTensor batch moved
+# to the device stays a MetaTensor with its metadata (gpemu's patched `to` returned a plain EmuTensor).
+_DEFAULT_TORCH_FUNCTION = torch.Tensor.__torch_function__.__func__  # type: ignore[attr-defined]
+
+
+class _SubclassBase(EmuTensor):
+    """Base of the emulated versions of a script's tensor subclasses (Note [Tensor subclasses of emulated tensors])."""
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:  # type: ignore[override]
+        # torch's own default, called through a function of ours: torch's tensor metaclass swaps a class's
+        # inherited default __torch_function__ for the disabled one when the class has a __torch_dispatch__
+        return _DEFAULT_TORCH_FUNCTION(cls, func, types, args, kwargs)
+
+
+_subclass_types: dict[type, type] = {}
+
+
+def emulated_subclass(cls: type) -> type:
+    """Return the class deriving from `cls` and EmuTensor (`cls` itself when it already derives from EmuTensor)."""
+    if issubclass(cls, EmuTensor):
+        return cls
+    sub = _subclass_types.get(cls)
+    if sub is None:
+        meta: Any = type(cls)  # torch's tensor metaclass (or the subclass' own)
+        sub = _subclass_types[cls] = meta(cls.__name__, (cls, _SubclassBase),
+                                          {"__module__": cls.__module__, "__qualname__": cls.__qualname__,
+                                           "_emu_user_class": cls})
+    return sub
+
+
+def host_subclass(cls: type) -> type:
+    """Return the script's class behind an emulated subclass (`cls` itself for any other class): a host result of an
+    op on an emulated subclass tensor (`.cpu()`) is wrapped in the script's class, not the emulated one."""
+    return cls.__dict__.get("_emu_user_class", cls)  # type: ignore[no-any-return]
+
+
+def as_subclass(t: EmuTensor, cls: type) -> torch.Tensor:
+    """Return `t.as_subclass(cls)` for an emulated `t` (Note [Tensor subclasses of emulated tensors])."""
+    with torch._C.DisableTorchFunctionSubclass():  # `t`'s own class may be a subclass: its hook does not see this
+        out = torch.ops.aten.alias.default(t)
+    if cls is not torch.Tensor and cls is not EmuTensor:
+        out.__class__ = emulated_subclass(cls)
+    return out  # type: ignore[no-any-return]
 
 
 def _alias(elem: torch.Tensor, index: int, mk: tuple[Any, ...] | None) -> EmuTensor | None:
