@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -24,6 +25,16 @@ def shared_data() -> Path:
     if not (SHARED_DATA / "gpemu-profiles").is_dir():
         pytest.skip(f"shared reference data not found at {SHARED_DATA}")
     return SHARED_DATA
+
+
+@pytest.fixture
+def emu_a100() -> Iterator[Any]:
+    """Return an installed 1x A100 drop-in emulation; uninstall afterwards."""
+    import gpemu.torch_backend as gt
+
+    e = gt.install("a100")
+    yield e
+    gt.uninstall()
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@ train_enwik8.py and fxia22/pointnet.pytorch's train_classification.py, each idio
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,14 +11,6 @@ import torch
 from torch.distributions import Categorical
 
 import gpemu.torch_backend as gt
-
-
-@pytest.fixture
-def emu() -> Iterator[gt.Emulation]:
-    """Return an installed 1x A100 emulation; uninstall afterwards."""
-    e = gt.install("a100")
-    yield e
-    gt.uninstall()
 
 
 class _ActorCritic(torch.nn.Module):
@@ -36,13 +27,13 @@ class _ActorCritic(torch.nn.Module):
         return actions, self.vf(obs), dist.log_prob(actions)
 
 
-def test_sampled_actions_returned_by_a_module_are_drawn_on_every_call(emu: gt.Emulation) -> None:
+def test_sampled_actions_returned_by_a_module_are_drawn_on_every_call(emu_a100: gt.Emulation) -> None:
     # Note [Known draws in forward]: SB3's collect_rollouts calls `self.policy(obs_tensor)` under no_grad and reads
     # `actions.cpu().numpy()` every environment step. Before the fix calls 1-3 recorded and drew, and calls 4-8
     # replayed with unknown actions: all zeros (the zoo's CartPole episodes lasted ~9.3 steps, ~22 after)
     policy = _ActorCritic().cuda()
     torch.manual_seed(0)
-    dev = emu.devices[0]
+    dev = emu_a100.devices[0]
     sums, busy = [], []
     for _ in range(8):
         torch.cuda.synchronize()
@@ -63,7 +54,7 @@ def test_sampled_actions_returned_by_a_module_are_drawn_on_every_call(emu: gt.Em
     # has a known value, hence a range: Note [Ranges through replay]); calls 3-8 follow a recording that could not
     # replay, so the run report keeps their iterations (the zoo's 78 rollout iterations had been left out as
     # "recorded per op (a new input shape or mode)")
-    assert (emu.replay.replayed, emu.replay.recorded, emu.replay.warming) == (0, 8, 2)
+    assert (emu_a100.replay.replayed, emu_a100.replay.recorded, emu_a100.replay.warming) == (0, 8, 2)
     assert busy[7] == pytest.approx(busy[1], rel=1e-9) and busy[7] > 0  # per op: the same cost every call
 
 
@@ -76,7 +67,7 @@ class _Shuffle(torch.nn.Module):
         return self.lin(x), torch.randperm(8, device=x.device)
 
 
-def test_a_permutation_returned_by_a_module_stays_a_permutation(emu: gt.Emulation) -> None:
+def test_a_permutation_returned_by_a_module_stays_a_permutation(emu_a100: gt.Emulation) -> None:
     # randperm's value is known too (drawn from the emulated generator): replayed, it read [0] * 8 from call 4 on
     model = _Shuffle().cuda()
     perms = []
@@ -86,17 +77,17 @@ def test_a_permutation_returned_by_a_module_stays_a_permutation(emu: gt.Emulatio
             perms.append(perm.cpu().tolist())
     assert all(sorted(p) == list(range(8)) for p in perms)
     assert len({tuple(p) for p in perms}) > 1  # new draws each call (6 equal ones: probability (1/8!)^5)
-    assert emu.replay.replayed == 0
+    assert emu_a100.replay.replayed == 0
 
 
-def test_deterministic_forward_still_replays(emu: gt.Emulation) -> None:
+def test_deterministic_forward_still_replays(emu_a100: gt.Emulation) -> None:
     # the rule is only for draws the host knows: the same actor's logits read through argmax (SB3's deterministic
     # predict) under no_grad record two calls (the second matches the first) and replay the other four, as before
     policy = _ActorCritic().cuda()
     with torch.no_grad():
         for _ in range(6):
             policy.pi(torch.randn(64, 4, device="cuda")).argmax(-1).cpu()
-    assert (emu.replay.recorded, emu.replay.replayed) == (2, 4)
+    assert (emu_a100.replay.recorded, emu_a100.replay.replayed) == (2, 4)
 
 
 _TERM_CHILD = """
@@ -150,7 +141,7 @@ class _SacActor(torch.nn.Module):
         return self.action_dist.actions(self.mu(h), self.log_std(h))
 
 
-def test_forward_that_frees_state_of_the_previous_call_counts_as_steady_per_op(emu: gt.Emulation) -> None:
+def test_forward_that_frees_state_of_the_previous_call_counts_as_steady_per_op(emu_a100: gt.Emulation) -> None:
     # Note [Forwards that never replay]: SB3 SAC's gradient step (`actor.action_log_prob(obs)`, batch 256) leaves its
     # distribution on `action_dist`, and the next environment step's `actor(obs)` (batch 1) replaces it: the
     # forward frees 3 x 1 KiB blocks (256 floats) and keeps 3 x 512 B, a net -1,536 B, so it never replays (a replay
@@ -163,4 +154,4 @@ def test_forward_that_frees_state_of_the_previous_call_counts_as_steady_per_op(e
         for _ in range(6):
             actor(torch.randn(1, 3, device="cuda")).cpu()
             actor.action_dist.actions(batch, batch)  # the gradient step's own draw, outside any module call
-    assert (emu.replay.recorded, emu.replay.replayed, emu.replay.warming) == (6, 0, 2)
+    assert (emu_a100.replay.recorded, emu_a100.replay.replayed, emu_a100.replay.warming) == (6, 0, 2)

@@ -4,7 +4,6 @@ reproduced in a few lines. (pytorch/examples reinforcement_learning never moves 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -13,14 +12,6 @@ import torch.distributed as dist
 import gpemu.torch_backend as gt
 
 _PORTS = itertools.count(29671)
-
-
-@pytest.fixture
-def emu() -> Iterator[gt.Emulation]:
-    """Return an installed 1x A100 emulation; uninstall afterwards."""
-    e = gt.install("a100")
-    yield e
-    gt.uninstall()
 
 
 class _Queue(torch.nn.Module):
@@ -40,7 +31,7 @@ class _Queue(torch.nn.Module):
         return ptr
 
 
-def test_a_counter_written_by_index_reads_back_as_written(emu: gt.Emulation) -> None:
+def test_a_counter_written_by_index_reads_back_as_written(emu_a100: gt.Emulation) -> None:
     # Note [Writes through views]: `self.queue_ptr[0] = n` is select + copy_ of a number torch builds on the
     # emulated tensor's meta device (its value lost there); the buffer was then forgotten as modified and every
     # `int(self.queue_ptr)` read 0. A GPU reads 0, 16, 32, 48, then (64 % 64 =) 0 again with batch 16, K = 64
@@ -55,7 +46,7 @@ def test_a_counter_written_by_index_reads_back_as_written(emu: gt.Emulation) -> 
     assert t.tolist() == [0, 7, 7, 5]
 
 
-def test_in_place_writes_to_a_view_reach_the_known_base(emu: gt.Emulation) -> None:
+def test_in_place_writes_to_a_view_reach_the_known_base(emu_a100: gt.Emulation) -> None:
     # Note [Writes through views]: the view's new value is written into the base's: [0, 0] -> [0, 9] -> [3, 9]
     ptr = torch.zeros(2, dtype=torch.long).cuda()
     ptr[1].copy_(torch.tensor(9))  # a 0-dim host tensor: run as fill_ on the device
@@ -65,7 +56,7 @@ def test_in_place_writes_to_a_view_reach_the_known_base(emu: gt.Emulation) -> No
     assert int(ptr[1]) == 9
 
 
-def test_a_one_rank_ddp_keeps_known_buffer_values(emu: gt.Emulation, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_one_rank_ddp_keeps_known_buffer_values(emu_a100: gt.Emulation, monkeypatch: pytest.MonkeyPatch) -> None:
     # Note [Buffers through DDP's initial broadcast]: DDP's constructor broadcasts (flatten, broadcast, copy back)
     # the module's state from rank 0; on one rank that is the same values, but the copy back made gpemu forget the
     # queue pointer's value (MoCo's run read 0 at every step: its 16-key batches all overwrote queue[:, 0:16])
