@@ -4,16 +4,14 @@ under emulation])."""
 from __future__ import annotations
 
 import functools
-import importlib.abc
-import importlib.machinery
 import inspect
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from gpemu.torch_backend.import_hooks import patch_when_imported
 from gpemu.torch_backend.ops import read_answers
 from gpemu.torch_backend.tensor import EmuTensor
 
@@ -79,52 +77,6 @@ def _patch(module: ModuleType, patcher: Patcher) -> None:
         patcher.set(mixin, "_beam_search", _wrap_beam_search(mixin.__dict__["_beam_search"]))
 
 
-class _Loader(importlib.abc.Loader):
-    """Runs the real loader, then patches the module."""
-
-    def __init__(self, loader: Any, patch: Callable[[ModuleType], None]) -> None:
-        self._loader, self._patch = loader, patch
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        return self._loader.create_module(spec)  # type: ignore[no-any-return]
-
-    def exec_module(self, module: ModuleType) -> None:
-        self._loader.exec_module(module)
-        self._patch(module)
-
-
-class _Finder(importlib.abc.MetaPathFinder):
-    """Patches transformers.generation.utils when it is imported."""
-
-    def __init__(self, patch: Callable[[ModuleType], None]) -> None:
-        self._patch = patch
-
-    def find_spec(self, fullname: str, path: Sequence[str] | None,
-                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname != _MODULE:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _Loader(spec.loader, self._patch)
-                return spec  # type: ignore[no-any-return]
-        return None
-
-
 def apply(patcher: Patcher) -> None:
     """Wrap transformers' beam search now if it is imported, else when it is (Note [Beam search under emulation])."""
-    module = sys.modules.get(_MODULE)
-    if module is not None:
-        _patch(module, patcher)
-        return
-    finder = _Finder(lambda m: _patch(m, patcher))
-    sys.meta_path.insert(0, finder)
-
-    def remove() -> None:
-        if finder in sys.meta_path:
-            sys.meta_path.remove(finder)
-
-    patcher.on_restore(remove)
+    patch_when_imported(_MODULE, _patch, patcher)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +16,7 @@ from torch.overrides import handle_torch_function, has_torch_function_unary
 from gpemu.errors import GpemuError
 from gpemu.torch_backend import (
     accelerator_api,
+    cpp_extension,
     cuda_api,
     default_device,
     graphs,
@@ -252,7 +252,7 @@ def _patched_new_tensor(orig: Callable[..., Any]) -> Callable[..., Any]:
     return new_tensor
 
 
-def _patched_init_process_group(orig: Callable[..., Any]) -> Callable[..., Any]:
+def _patched_init_process_group(orig: Callable[..., Any], patcher: Patcher | None = None) -> Callable[..., Any]:
     """torch.distributed.init_process_group: an NCCL group (or the default backend, which would pick NCCL for cuda)
     of one rank is created with gpemu's one-rank backend (Note [One-rank process groups]); a larger world raises a
     GpemuError that names the limit. CPU backends (gloo) are left alone."""
@@ -270,7 +270,10 @@ def _patched_init_process_group(orig: Callable[..., Any]) -> Callable[..., Any]:
                 raise GpemuError(f"init_process_group(backend={backend!r}): {MULTI_RANK_HINT.format(size=size)}")
             register_backend()
             kwargs.pop("device_id", None)  # binds NCCL communicators to a real device: nothing to bind here
-            return orig(BACKEND_NAME, *args, **kwargs)
+            out = orig(BACKEND_NAME, *args, **kwargs)
+            if patcher is not None:
+                patch_dtensor(patcher)  # Note [FSDP2]
+            return out
         return orig(backend, *args, **kwargs)
 
     return init_process_group
@@ -329,7 +332,9 @@ def _patched_factory(name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
             return orig(*args, **kwargs)
         requires_grad = bool(kwargs.pop("requires_grad", False))
         kwargs.pop("pin_memory", None)
-        if kind == "host":
+        if name.endswith("_like") and args and _wrapper_subclass(args[0]):  # Note [Like-factories of subclasses]
+            out = orig(*args, **kwargs)
+        elif kind == "host":
             if args and isinstance(args[0], EmuTensor):
                 out = args[0].to(kwargs.get("device"), dtype=kwargs.get("dtype"))
             else:
@@ -358,6 +363,21 @@ def _patched_factory(name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
         return out
 
     return factory
+
+
+# Note [Like-factories of subclasses]: `torch.empty_like(t, device="cuda")` of a wrapper tensor subclass (a DTensor)
+# goes, on a GPU, through the subclass's __torch_dispatch__, which builds the same subclass over the like-factory of
+# its inner tensors. gpemu's factory built an emulated tensor over the subclass itself, so `Module.to_empty(device=
+# "cuda")` of a model built on the meta device and sharded with FSDP2 (pytorch/torchtitan's llama3 trainer: meta
+# init, fully_shard per block, to_empty, init_weights) left every DTensor parameter on the meta device, and the first
+# forward raised "FSDP parameters should be materialized from meta device". Such a factory keeps its `cuda` device and
+# runs torch's own: the subclass dispatches the aten factory on its inner tensors, which gpemu emulates.
+def _wrapper_subclass(t: Any) -> bool:
+    """Return True for a traceable wrapper tensor subclass other than gpemu's own (Note [Like-factories of
+    subclasses])."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    return isinstance(t, torch.Tensor) and not isinstance(t, EmuTensor) and is_traceable_wrapper_subclass(t)
 
 
 def _record_arange_range(out: EmuTensor, args: Any, kwargs: Any) -> None:
@@ -494,22 +514,50 @@ def cuda_functions(emu: state.Emulation) -> dict[str, Any]:
     }
 
 
-# Note [FSDP2]: FSDP2's fully_shard turns parameters into DTensors over the local shards; on our meta-backed tensors
-# they come out on the meta device and training stops with "FSDP parameters should be materialized from meta device"
-# (before torch._C._get_accelerator was patched, earlier, in a set_data of parameters it meant to move to the CPU).
-# Neither says what is wrong, so fully_shard's default-mesh query raises a GpemuError naming the limit (FSDP1,
-# FullyShardedDataParallel, runs on one rank as NO_SHARD; DDP is supported).
-FSDP2_HINT = ("FSDP2 (torch.distributed.fsdp.fully_shard) is not supported on emulated GPUs: its DTensor parameters "
-              "cannot wrap gpemu's tensors. Workaround: DistributedDataParallel or FullyShardedDataParallel (FSDP1) on "
-              "one rank, or no wrapper (docs/drop-in.md, torch.distributed)")
-
-
+# Note [FSDP2]: FSDP2's fully_shard turns parameters into DTensors over the local shards. torch builds a DTensor in
+# C++ (`Tensor._dtensor__new__`) from the local tensor's C++ device, and ours is a meta-backed wrapper whose `cuda:N`
+# is a Python property (EmuTensor.device), so every DTensor over an emulated shard said `meta`: training stopped in
+# FSDP's lazy init with "FSDP parameters should be materialized from meta device" (an explicit `mesh=`; the default
+# mesh, before torch._C._get_accelerator was patched, died earlier in a set_data of parameters it meant to move to
+# the CPU, and until session 15 fully_shard raised a GpemuError naming the limit). On a GPU a DTensor is on its
+# local tensor's device, so DTensor's `device` / `is_cuda` / `is_meta` / `get_device` answer from an emulated local
+# tensor (other DTensors keep torch's answers); its ops already unwrap to the local EmuTensors, which are priced and
+# queued as usual. Patched when a one-rank NCCL group is created (a DTensor needs a mesh over one), not at install:
+# importing torch.distributed.tensor costs ~0.3 s. With it fully_shard on one rank trains (pytorch/torchtitan's
+# FSDP2 idiom: per-block fully_shard, MixedPrecisionPolicy bf16, checkpoint_wrapper, per-block compile).
 def _get_accelerator(check: Any = None) -> torch.device:
-    """torch._C._get_accelerator under emulation: CUDA (FSDP2's default mesh raises; see Note [FSDP2])."""
-    caller = sys._getframe(1).f_code.co_filename.replace("\\", "/")
-    if "/distributed/fsdp/_fully_shard/" in caller:
-        raise GpemuError(FSDP2_HINT)
+    """torch._C._get_accelerator under emulation: CUDA (FSDP2's default mesh, barrier; Note [FSDP2])."""
     return torch.device("cuda")
+
+
+def _dtensor_property(name: str) -> property:
+    """DTensor.<name> answering from an emulated local tensor, else torch's own (Note [FSDP2])."""
+    orig = getattr(torch.Tensor, name)
+
+    def get(self: Any) -> Any:
+        local = getattr(self, "_local_tensor", None)
+        if isinstance(local, EmuTensor):
+            return getattr(local, name)
+        return orig.__get__(self)
+
+    return property(get)
+
+
+def patch_dtensor(patcher: Patcher) -> None:
+    """Make DTensors over emulated local tensors report the emulated device (Note [FSDP2]); once per patcher."""
+    from torch.distributed.tensor import DTensor
+
+    if "device" in DTensor.__dict__:
+        return
+    for name in ("device", "is_cuda", "is_meta"):
+        patcher.set(DTensor, name, _dtensor_property(name))
+    torch_get_device = torch.Tensor.get_device
+
+    def get_device(self: Any) -> int:
+        local = getattr(self, "_local_tensor", None)
+        return local.get_device() if isinstance(local, EmuTensor) else torch_get_device(self)  # type: ignore[no-any-return]
+
+    patcher.set(DTensor, "get_device", get_device)
 
 
 def _distinct(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -593,7 +641,7 @@ def apply(emu: state.Emulation, patcher: Patcher) -> None:
     import torch.distributed as dist
 
     if dist.is_available():
-        patcher.set(dist, "init_process_group", _patched_init_process_group(dist.init_process_group))
+        patcher.set(dist, "init_process_group", _patched_init_process_group(dist.init_process_group, patcher))
         import torch.distributed.distributed_c10d as c10d
 
         patcher.set(c10d, "init_process_group", dist.init_process_group)
@@ -653,6 +701,7 @@ def apply(emu: state.Emulation, patcher: Patcher) -> None:
     if hasattr(torch.nn.Module, "compile"):
         patcher.set(torch.nn.Module, "compile", _eager_module_compile)
     hf_generate.apply(patcher)  # Note [Beam search under emulation]
+    cpp_extension.apply(patcher)  # Note [CUDA extensions under emulation]
     patcher.on_restore(install_meta_equal())  # Note [Equal on internal meta tensors] in ops.py
 
 
