@@ -19,6 +19,7 @@ from gpemu.torch_backend import (
     cpp_extension,
     cuda_api,
     default_device,
+    flex_attention,
     graphs,
     hf_generate,
     legacy,
@@ -702,6 +703,7 @@ def apply(emu: state.Emulation, patcher: Patcher) -> None:
         patcher.set(torch.nn.Module, "compile", _eager_module_compile)
     hf_generate.apply(patcher)  # Note [Beam search under emulation]
     cpp_extension.apply(patcher)  # Note [CUDA extensions under emulation]
+    flex_attention.apply(patcher)  # Note [FlexAttention]
     patcher.on_restore(install_meta_equal())  # Note [Equal on internal meta tensors] in ops.py
 
 
