@@ -357,13 +357,20 @@ def predict_phase(gpu: GPUSpec | str, workload: str, phase: str, batch_size: int
                     if (k != spec.key or not own_row_is_answer) and k not in exclude_gpus}
         # own NCHW row: channels_last; else the nearest GPU that measured this workload, if it has this batch size
         x_key = spec.key if spec.key in measured else nearest(spec, sources)  # Note [Nearest source or the spec model]
+
+        def own_scaled_from(source: str) -> float:
+            """Y's model seconds as the ratio's numerator: with the source's factors when Y has none of its own
+            (Note [Borrowed factors])."""
+            if spec.key in params.per_gpu:
+                return own
+            return float(model_phase_seconds(spec, workload, phase, [batch_size], dtype,
+                                             borrow_factors(params, spec.key, source),
+                                             memory_format=memory_format)[0])
+
         if x_key is not None and x_key in measured:
             x_spec = get_gpu(x_key)
             x_model = float(model_phase_seconds(x_spec, workload, src_phase, [batch_size], src_dtype, params)[0])
-            if spec.key not in params.per_gpu:  # See Note [Borrowed factors]
-                own = float(model_phase_seconds(spec, workload, phase, [batch_size], dtype,
-                                                borrow_factors(params, spec.key, x_key),
-                                                memory_format=memory_format)[0])
+            own = own_scaled_from(x_key)
             value = measured[x_key] * own / x_model
             return Estimate(value, "s", "predicted", source=f"{x_key} measured {measured[x_key]:.6g} s "
                             f"({src_phase}{_dtype_note(src_dtype, dtype)}) x model ratio {own / x_model:.4g}",
@@ -378,10 +385,7 @@ def predict_phase(gpu: GPUSpec | str, workload: str, phase: str, batch_size: int
                 model_phase_seconds(x_spec, workload, src_phase, [b], src_dtype, params)[0]))
             if hit_r is not None:
                 ratio, lo, hi = hit_r
-                if spec.key not in params.per_gpu:  # See Note [Borrowed factors]
-                    own = float(model_phase_seconds(spec, workload, phase, [batch_size], dtype,
-                                                    borrow_factors(params, spec.key, x_key),
-                                                    memory_format=memory_format)[0])
+                own = own_scaled_from(x_key)
                 return Estimate(ratio * own, "s", "predicted", source=f"{x_key} measured / model ratio {ratio:.4g} "
                                 f"({src_phase}{_dtype_note(src_dtype, dtype)}, interpolated between batch {lo} and "
                                 f"{hi}) x model {own:.6g} s",
