@@ -38,7 +38,7 @@ tail -3 "$OUT/dropin/micro.log"
 
 if [ "${GPU_TESTS:-1}" = 1 ]; then
   say "3a. pytest tests/gpu"
-  timeout 240 $PY -m pytest -q -m gpu tests/gpu -p no:cacheprovider > "$OUT/dropin/tests-gpu.log" 2>&1 || say "tests/gpu exited $?"
+  timeout 180 $PY -m pytest -q -m gpu tests/gpu -p no:cacheprovider > "$OUT/dropin/tests-gpu.log" 2>&1 || say "tests/gpu exited $?"
   tail -3 "$OUT/dropin/tests-gpu.log"
 fi
 say "3. drop-in reference runs"

@@ -192,3 +192,32 @@ def test_a_sibling_dtype_on_another_gpu_is_a_source() -> None:
     assert est.value == pytest.approx(0.020 * ratio, rel=1e-9)
     # a dtype with no measured sibling anywhere keeps the spec model
     assert predict_phase(y, "resnet18", "forward", 64, dtype="fp16", db=rows).path == "spec-model"
+
+
+def test_own_rows_between_measured_batches_come_before_another_gpu() -> None:
+    # Note [Own rows between measured batches]: an H100 measured resnet50's NCHW forward at batch 64 and 256 (made-up
+    # rows: 1.3 x its model time), an H200 at 128 (2.0 x). Channels_last at batch 128 is the H100's own ratio
+    # interpolated (1.3 at both ends, so 1.3) x model(H100, channels_last), not the H200's row; at batch 512, beyond
+    # the H100's range, the H200 row does not bracket it either and the spec model answers
+    from gpemu.cost.model import load_params
+
+    y, x = get_gpu("h100-sxm5-80gb"), get_gpu("h200-sxm-141gb")
+    params = load_params()
+
+    def row(spec: object, b: int, factor: float) -> dict[str, object]:
+        value = factor * float(model_phase_seconds(spec, "resnet50", "forward", [b], "amp", params)[0])  # type: ignore[arg-type]
+        return {"gpu": spec.key, "workload": "resnet50", "phase": "forward", "batch_size": b,  # type: ignore[attr-defined]
+                "dtype": "amp", "value": value, "unit": "s", "measured": 1, "source": "test"}
+
+    rows = pd.DataFrame([row(y, 64, 1.3), row(y, 256, 1.3), row(x, 128, 2.0)])
+    est = predict_phase(y, "resnet50", "forward", 128, "amp", db=rows, memory_format="channels_last")
+    nhwc = float(model_phase_seconds(y, "resnet50", "forward", [128], "amp", params, memory_format="channels_last")[0])
+    assert est.path == f"scaled-from:{y.key}" and est.details["interpolated_between"] == [64, 256]
+    assert est.value == pytest.approx(1.3 * nhwc, rel=1e-9)
+    # the 512 end: beyond the H100's range and no other GPU measured it there: the spec model
+    assert predict_phase(y, "resnet50", "forward", 512, "amp", db=rows, memory_format="channels_last").path == (
+        "spec-model")
+    # inference at 128 takes the same own ratio over the inference model
+    inf = predict_phase(y, "resnet50", "inference", 128, "amp", db=rows)
+    inf_model = float(model_phase_seconds(y, "resnet50", "inference", [128], "amp", params)[0])
+    assert inf.path == f"scaled-from:{y.key}" and inf.value == pytest.approx(1.3 * inf_model, rel=1e-9)

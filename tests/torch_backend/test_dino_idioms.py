@@ -63,6 +63,7 @@ def test_multi_crop_steps_keep_the_backward_per_op(local_size: int, replay: bool
     # H100, spec-model path: forward prediction 5.06 ms, backward 9.53 ms. Before: the 96-crop step's forward read
     # 15.14 ms (1.15 per op), the two-view step's loss + backward + SGD 2,589 ms (1.83 per op)
     monkeypatch.setenv("GPEMU_PROFILE_DIR", str(tmp_path))  # no measured rows anywhere: the spec-model path
+    monkeypatch.setenv("GPEMU_BUILTIN_PROFILES", "0")  # not the shipped H100 profile either
     forward = predict_phase("h100", "resnet18", "forward", 2).value
     per_op = _dino_steps(local_size, predict=False, replay=replay, monkeypatch=monkeypatch)
     predicted = _dino_steps(local_size, predict=True, replay=replay, monkeypatch=monkeypatch)

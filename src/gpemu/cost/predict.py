@@ -219,6 +219,24 @@ def _measured_series(rows: Any, gpu_key: str, workload: str, phase: str, dtype: 
 # are measured at every batch size from 1 to 256; bench/predict_validation.py thins each held-out GPU's nearest source
 # to batch 1, 16, 64, 256 and predicts the rows between: fwd+bwd 6.9 / 19.3 % (median / p90) interpolated, 13.6 /
 # 29.0 % from the spec model, 6.0 / 18.0 % had the source measured that batch (21,835 rows).
+# Note [Own rows between measured batches]
+# A channels_last or inference phase is never Y's own measured row (profiles are NCHW training steps) but Y's row is
+# its best source: scaled by model(Y, NHWC or inference) / model(Y, NCHW forward). That held at a measured batch
+# only; between two, the source became the nearest *other* GPU, so an emulated H100 running timm's resnet50 in
+# channels_last at batch 128 (the H100 measured 64 and 256) was scaled from the H200's rows (session 16, against
+# the real H100: -13.4 % iteration). Y's own ratio measured / model, interpolated as in Note [Between the source's
+# measured batch sizes], now comes first; outside Y's measured range the other sources answer as before.
+def _own_rows_between(rows: Any, spec: GPUSpec, workload: str, phase: str, batch_size: int, dtype: str,
+                      params: CostParams) -> tuple[float, int, int] | None:
+    """Return (r, lo, hi) of Y's own NCHW rows interpolated at `batch_size` (Note [Own rows between measured
+    batches]), or None when Y measured none around it."""
+    series = _measured_series(rows, spec.key, workload, phase, dtype)
+    if not series:
+        return None
+    return _interpolated_ratio(series, batch_size, lambda b: float(
+        model_phase_seconds(spec, workload, phase, [b], dtype, params)[0]))
+
+
 def _interpolated_ratio(series: dict[int, float], batch_size: int, model_at: Any) -> tuple[float, int, int] | None:
     """Return (r, lo, hi): the source's measured / model ratio interpolated in log-log at `batch_size` between its
     nearest measured batch sizes lo < batch_size < hi (lo = hi = batch_size where it was measured), or None when the
@@ -367,6 +385,16 @@ def predict_phase(gpu: GPUSpec | str, workload: str, phase: str, batch_size: int
                                              borrow_factors(params, spec.key, source),
                                              memory_format=memory_format)[0])
 
+        if not own_row_is_answer and spec.key not in exclude_gpus and spec.key not in measured:
+            own_hit = _own_rows_between(rows, spec, workload, src_phase, batch_size, dtype, params)
+            if own_hit is not None:  # See Note [Own rows between measured batches]
+                ratio, lo, hi = own_hit
+                return Estimate(ratio * own, "s", "predicted", source=f"{spec.key} measured / model ratio {ratio:.4g} "
+                                f"({src_phase}, NCHW, interpolated between batch {lo} and {hi}) x model {own:.6g} s",
+                                path=f"scaled-from:{spec.key}",
+                                details={"from_gpu": spec.key, "ratio": ratio, "model_y_s": own,
+                                         "interpolated_between": [lo, hi], "memory_format": memory_format,
+                                         "source_phase": src_phase, "from_dtype": dtype})
         if x_key is not None and x_key in measured:
             x_spec = get_gpu(x_key)
             x_model = float(model_phase_seconds(x_spec, workload, src_phase, [batch_size], src_dtype, params)[0])
