@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import torch
 
 from gpemu.cost.roofline import clear_cache, op_time_s
@@ -60,3 +61,38 @@ def test_dilated_convolutions_are_not_priced_as_winograd() -> None:
         outs = aten.convolution_backward(*bwd_args)
         bwd[dilation] = op_time_s(aten.convolution_backward.default, bwd_args, {}, outs, spec)
     assert bwd[12] > 1.5 * bwd[1]
+
+
+def test_pooling_forwards_are_priced_at_their_issue_rate() -> None:
+    # Note [Pooling kernels are issue-bound]: ResNet's stem max-pool (3x3, stride 2) at batch 64 takes 64x64x112x112
+    # in and writes 64x64x56x56 = 12,845,056 values and as many indices: 25,690,112 counted elements at 0.47 per SM
+    # cycle over 132 SMs at 1,980 MHz = 209.2 us, plus the memory latency (mem_lat_cycles / clock) and k0. The H100
+    # and the H200 measured 204-210 us, in fp32 and AMP alike: the same price on both cards and in both dtypes
+    from gpemu.cost.model import load_params
+    from gpemu.cost.registry import op_cost
+    from gpemu.cost.roofline import cost_time_s
+
+    aten = torch.ops.aten
+    p = load_params().shared
+    prices = {}
+    for dtype in (torch.float32, torch.float16):
+        x = torch.empty(64, 64, 112, 112, device="meta", dtype=dtype)
+        out = aten.max_pool2d_with_indices.default(x, [3, 3], [2, 2], [1, 1])
+        cost = op_cost(aten.max_pool2d_with_indices.default, (x, [3, 3], [2, 2], [1, 1]), {}, out)
+        assert cost.flops == 2 * 64 * 64 * 56 * 56
+        for gpu in ("h100-sxm5-80gb", "h200-sxm-141gb"):
+            prices[dtype, gpu] = cost_time_s(cost, "max_pool2d_with_indices", get_gpu(gpu))
+    issue_s = 25_690_112 / (0.47 * 132 * 1980e6)  # 209.2 us
+    expected = issue_s + p["mem_lat_cycles"] / 1980e6 + p["k0"]
+    assert list(prices.values()) == pytest.approx([expected] * 4, rel=1e-12)
+    assert 200e-6 < issue_s < 215e-6
+    # the backward stays priced by its bytes (the issue rate did not carry to GPEmu's older GPUs: docs/cost-model.md,
+    # session 16), so the H100's lower bandwidth shows there
+    x = torch.empty(64, 64, 112, 112, device="meta")
+    out, idx = aten.max_pool2d_with_indices.default(x, [3, 3], [2, 2], [1, 1])
+    args = (torch.empty_like(out), x, [3, 3], [2, 2], [1, 1], [1, 1], False, idx)
+    grad = aten.max_pool2d_with_indices_backward.default(*args)
+    bwd = op_cost(aten.max_pool2d_with_indices_backward.default, args, {}, grad)
+    h100, h200 = (cost_time_s(bwd, "max_pool2d_with_indices_backward", get_gpu(g))
+                  for g in ("h100-sxm5-80gb", "h200-sxm-141gb"))
+    assert h100 > 1.3 * h200

@@ -526,6 +526,8 @@ class SpecColumns:
     channel_cycles_per_byte: np.ndarray  # NCHW training batch norms: SM cycles of one channel's block per byte the op
     # moves, 0 elsewhere (Note [Batch norm, one block per channel])
     channel_floor_bytes: np.ndarray  # the op's bytes beyond which a channel is past the single-read size (inf: never)
+    pool_cycles_per_flop: np.ndarray = field(default_factory=lambda: np.zeros(0))  # pooling: SM cycles per counted
+    # element over the whole GPU, 0 elsewhere (Note [Pooling kernels are issue-bound])
 
 
 COMPUTE_PARAMS: tuple[str, ...] = ("e_conv", "e_conv_bwd", "e_grouped", "e_grouped_bwd", "e_matmul", "e_conv_1x1",
@@ -646,6 +648,8 @@ _MEM_IDX = {name: i for i, name in enumerate(MEMORY_PARAMS)}
 def mem_param(category: str, backward: bool) -> str:
     """Return the memory-efficiency parameter of an op (backward-phase ops have their own: e.g. max-pool backward
     is a scatter, far slower per byte than the forward window max)."""
+    if category == "pooling" and not backward:  # See Note [Pooling kernels are issue-bound]
+        return "m_elementwise"
     return _mem_param(category) + ("_bwd" if backward else "")
 
 
@@ -840,6 +844,8 @@ def spec_columns(ops: OpArrays, spec: GPUSpec, tc_eff: float, m_stream: float = 
         channel_cycles_per_byte=channel_per_byte / np.array([bn_channel_rate(name) for name in ops.names]),
         channel_floor_bytes=np.array([BN_SINGLE_READ_BYTES / (cpb * _ELEM_BYTES.get(d, 4)) if cpb > 0 else np.inf
                                       for cpb, d in zip(channel_per_byte, ops.dtype, strict=True)]),
+        pool_cycles_per_flop=np.array([1.0 / (pool_rate(name) * spec.sm_count) if issue_bound_pool(c, name) else 0.0
+                                       for c, name in zip(ops.category, ops.names, strict=True)]),
     )
 
 
@@ -954,6 +960,45 @@ def past_single_read(channel_elems: Any, dtype: str) -> Any:
     return channel_elems * _ELEM_BYTES.get(dtype, 4) > BN_SINGLE_READ_BYTES
 
 
+# Note [Pooling kernels are issue-bound]
+# PyTorch's NCHW pooling kernels do index arithmetic per element (window bounds, the argmax index a max-pool
+# backward matches against) and run far below the bandwidth: torch.profiler kernel times of 18 CNNs at batch 64
+# (bench/data/h200-2026-11-27 and bench/data/h100-2026-11-28, 136 pooling ops per card, fp32 and AMP) show each op
+# taking the same time on an H100 as on an H200 (ratio 1.00: same SMs and clock, 1.43x less bandwidth on the H100)
+# and in fp32 as in fp16, at a steady rate of elements per SM cycle over the whole GPU (median, p25-p75):
+#     max-pool forward        0.235 outputs   (0.228-0.241)     max-pool backward   0.34 grad-input elements
+#     avg-pool forward        0.285 outputs   (0.277-0.299)     avg-pool backward   0.13 (3x3 stride 1) / 0.22 (2x2)
+#     adaptive avg forward / backward  0.063
+# They were priced by bytes at the fitted "other" ceiling (0.37 / 0.11 of the bandwidth: a catch-all fitted on
+# GPEmu's phase totals), 1.4-2.3x over the H100's kernel time in fp32 and 1.43x apart on the two cards. A pooling
+# forward now takes at least
+#     issue_s = counted elements / (rate * SMs * clock) + mem_lat_cycles / clock
+# over its bytes streamed at the elementwise ceiling. Counted elements are the op's cost.flops (the numel of what it
+# writes: a max-pool forward writes values and indices, so its rate is twice the outputs' per cycle). The rates are
+# one Hopper die's; per SM cycle they carry across GPUs as memory latency does (Note [Memory latency]). For the
+# forwards, leave-one-GPU-out on GPEmu's five GPUs agrees (forward p90 20.4 -> 20.0 %, docs/cost-model.md, session
+# 16); for the backwards it does not (backward 6.6 / 19.5 -> 8.2 / 22.1 %: the fitted per-byte price is what their
+# phase totals hold, torch <= 1.9's kernels on Kepler to Volta), so pooling backwards keep the bytes at the fitted
+# "other" ceiling and their rates below stay unused until per-op data of an older GPU says how they carry.
+POOL_ELEMS_PER_SM_CYCLE: dict[str, float] = {
+    "max_pool2d_with_indices": 0.47, "max_pool3d_with_indices": 0.47, "adaptive_max_pool2d": 0.47,
+    "max_pool2d": 0.235, "max_pool2d_with_indices_backward": 0.34, "adaptive_max_pool2d_backward": 0.34,
+    "avg_pool2d": 0.285, "avg_pool1d": 0.285, "avg_pool3d": 0.285, "avg_pool2d_backward": 0.17,
+    "_adaptive_avg_pool2d": 0.063, "_adaptive_avg_pool2d_backward": 0.063, "_adaptive_avg_pool3d": 0.063,
+}  # fmt: skip
+POOL_DEFAULT_ELEMS_PER_SM_CYCLE = 0.235
+
+
+def issue_bound_pool(category: str, name: str) -> bool:
+    """Return True for a pooling op priced at its issue rate (Note [Pooling kernels are issue-bound]): forwards."""
+    return category == "pooling" and not name.endswith("_backward")
+
+
+def pool_rate(name: str) -> float:
+    """Return a pooling op's counted elements per SM cycle over the GPU (Note [Pooling kernels are issue-bound])."""
+    return POOL_ELEMS_PER_SM_CYCLE.get(name, POOL_DEFAULT_ELEMS_PER_SM_CYCLE)
+
+
 # Note [Group width]
 # A grouped convolution with g input channels per group is g-wide GEMMs side by side. At g = 1 (depthwise: MobileNets,
 # ShuffleNets, MNASNet, EfficientNet, ConvNeXt) cuDNN runs direct, bandwidth-starved kernels, at e_grouped[_bwd] of
@@ -1012,6 +1057,9 @@ def kernel_seconds(flops: Any, nbytes: Any, cols: SpecColumns, p: dict[str, Any]
         serial = nbytes * torch.as_tensor(cols.channel_cycles_per_byte) / cols.clock_hz + latency
         past = nbytes > torch.as_tensor(cols.channel_floor_bytes)
         memory = torch.where(past, torch.maximum(memory, serial), memory)
+    if cols.pool_cycles_per_flop.any():  # See Note [Pooling kernels are issue-bound]
+        issue = flops * torch.as_tensor(cols.pool_cycles_per_flop) / cols.clock_hz + latency
+        memory = torch.where(torch.as_tensor(cols.pool_cycles_per_flop > 0), torch.maximum(memory, issue), memory)
     body = torch.maximum(compute, memory)
     if cols.staged.any():  # See Note [Staged convolutions]
         body = torch.where(torch.as_tensor(cols.staged), compute + memory, body)

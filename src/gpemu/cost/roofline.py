@@ -26,6 +26,7 @@ from gpemu.cost.model import (
     fused_attention_eff,
     group_efficiency,
     is_pointwise_conv,
+    issue_bound_pool,
     layer_norm_row_ramp,
     load_params,
     lowered_conv,
@@ -34,6 +35,7 @@ from gpemu.cost.model import (
     past_single_read,
     peak_flops,
     plane_efficiency,
+    pool_rate,
     staged_conv,
     streams,
     streams_physically,
@@ -139,6 +141,8 @@ def cost_time_s(cost: OpCost, name: str, spec: GPUSpec, params: CostParams | Non
     if cost.channel_elems and past_single_read(cost.channel_elems, cost.dtype):  # Note [Batch norm, one block per
         # channel] in model.py
         memory = max(memory, cost.channel_elems / (bn_channel_rate(name) * spec.load_clock_mhz * 1e6) + latency)
+    if issue_bound_pool(cost.category, name):  # See Note [Pooling kernels are issue-bound] in model.py
+        memory = max(memory, cost.flops / (pool_rate(name) * spec.sm_count * spec.load_clock_mhz * 1e6) + latency)
     total = (compute + memory if staged or lowered else max(compute, memory)) + p["k0"]
     if lowered and samples > 1:  # the per-sample loop's kernels: Note [bf16 convolutions before Ampere]
         total += (lowered_kernels_per_sample(name, pointwise) * samples - 1) * (latency + p["k0"])
