@@ -54,6 +54,12 @@ def _install_emulation() -> None:
     try:
         install_from_env()
     except Exception as exc:
+        try:  # install() undid its own patches; this also drops what install_from_env set up around it
+            from gpemu.torch_backend import uninstall  # type: ignore[attr-defined]
+
+            uninstall()
+        except Exception:
+            pass
         print(f"gpemu: could not install the emulated GPU ({type(exc).__name__}: {exc}); the script runs "
               "WITHOUT GPU emulation", file=sys.stderr)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import gc
 import os
@@ -41,6 +42,22 @@ def parse_bytes(text: str) -> int:
     return parse_size(text)
 
 
+# Note [Older torch releases]
+# pyproject asks for torch >= 2.6 and gpemu reaches into torch internals that change between releases, so each use
+# that differs is feature-detected once (at import or install, never per op) and the older path kept:
+#  - tensor.py's view fast path calls `OpOverload._op` directly unless a Python kernel is registered, which torch
+#    2.14 tells with `_pyobj_dispatcher`; before 2.14 that attribute does not exist and `OpOverload.__call__` is
+#    always `self._op(...)`, so `_HAS_PYOBJ_DISPATCHER` (read once at import) says whether to look.
+#  - torch.profiler: from 2.12 `_KinetoProfile.__init__` parses `activities` (which may hold {activity: [names]}
+#    filters) in `profiler._parse_activities`, which profiling.py patches to leave CUDA out; 2.11 and older have no
+#    such function and take `set(activities)` in `__init__`, so the patched `__init__` leaves CUDA out there itself.
+#  - the torch.profiler patches are optional (`Patcher.optional`): should a later release break them, they are
+#    undone and named in one stderr line, and everything else is installed.
+#  - any other failure in install() undoes every patch applied so far before the error propagates. With torch 2.11
+#    the profiler patch raised AttributeError after the Tensor methods, factories and torch.cuda were patched: `gpemu
+#    run` said the script ran "WITHOUT GPU emulation", yet `.cuda()` still made emulated tensors, which then crashed.
+# A CPU-only build (`+cpu`) differs too: its torch.cuda.nvtx raises (Note [NVTX without a CUDA build] in nvtx.py).
+# tests/torch_backend/test_older_torch.py simulates the missing attributes on the current torch.
 def install(
     gpu: str = "v100",
     count: int = 1,
@@ -75,20 +92,35 @@ def install(
     emu.phases = PhaseTracker(spec.key, model, profile_lookup)
     state._set_current(emu)
     _patcher = Patcher()
-    apply(emu, _patcher)
-    rnn.apply(_patcher)
-    ipc.apply(_patcher)
-    data_parallel.apply(_patcher)
-    module_move.apply(_patcher)
-    sdpa.apply(_patcher)
-    nested.apply(_patcher)
-    dropout.apply(_patcher)
-    _patch_autocast(_patcher, emu)
-    autocast.apply(_patcher)
+    try:
+        _install_patches(emu, _patcher, replay)
+    except BaseException:
+        # Note [Older torch releases]: nothing may stay half-installed; the script then runs without emulation
+        with contextlib.suppress(Exception):
+            uninstall()
+        state._set_current(None)
+        _patcher = None
+        raise
+    return emu
+
+
+def _install_patches(emu: Emulation, patcher: Patcher, replay: bool | None) -> None:
+    """Apply every patch of install() through `patcher` and warm the emulation up."""
+    devices = emu.devices
+    apply(emu, patcher)
+    rnn.apply(patcher)
+    ipc.apply(patcher)
+    data_parallel.apply(patcher)
+    module_move.apply(patcher)
+    sdpa.apply(patcher)
+    nested.apply(patcher)
+    dropout.apply(patcher)
+    _patch_autocast(patcher, emu)
+    autocast.apply(patcher)
     if replay if replay is not None else replay_enabled_from_env():
         emu.replay = Replayer(emu)
-    optim_replay.apply(_patcher)
-    patch_module_call(emu, _patcher)
+    optim_replay.apply(patcher)
+    patch_module_call(emu, patcher)
     emu.phases.install()
     from gpemu.torch_backend.tensor import WaitsInsideOps, check_fp32_modes, clear_op_caches
 
@@ -101,7 +133,6 @@ def install(
     emu.phases.warm()
     gc.collect()
     gc.freeze()  # See Note [Host overhead]: keep the collector from rescanning torch's long-lived objects
-    return emu
 
 
 def uninstall() -> None:

@@ -124,6 +124,31 @@ def _detach_norm_caches(root: torch.nn.Module) -> None:
                     module.__dict__[hook.name] = cached.detach()
 
 
+# Note [Moves off the device in inference mode]: `Module._apply` moves a parameter in place (`param.data = new`)
+# when torch says the two tensors' implementations are compatible, else it makes a new Parameter. An emulated
+# parameter made under `torch.inference_mode()` (QAT's `copy.deepcopy(model)` inside `with torch.inference_mode():`
+# before `.to("cpu")` and `torch.ao.quantization.convert`, torchvision references/classification/
+# train_quantization.py) carries no autograd keys, and torch calls it compatible with a CPU tensor: `.data = cpu`
+# replaced its inner tensor while the wrapper still said cuda:0, so every parameter stayed "on the GPU" and convert
+# died in `fuse_conv_bn_weights` ("Expected all tensors to be on the same device, ... cuda:0 and cpu"). On a GPU the
+# parameter becomes a CPU tensor. While gpemu moves a module, a parameter (or gradient) leaving the emulated device
+# takes torch's other path, a new Parameter on the host, as every emulated parameter made outside inference mode
+# already does (torch finds those incompatible): `fn` raises torch's overwrite-on-conversion flag for that one call.
+def _leaving_device(fn: Any, overwrite: bool) -> Any:
+    """Wrap `_apply`'s `fn` so an emulated tensor moved to the host is replaced, not set in place (Note [Moves off
+    the device in inference mode])."""
+
+    def moved(t: Any) -> Any:
+        out = fn(t)
+        _set_overwrite(overwrite or (isinstance(t, EmuTensor) and not isinstance(out, EmuTensor)))
+        return out
+
+    return moved
+
+
+_set_overwrite = torch.__future__.set_overwrite_module_params_on_conversion
+
+
 def patched_apply(original: Callable[..., Any]) -> Callable[..., Any]:
     """Return a `Module._apply` that keeps parameter identity across moves to the emulated GPU."""
 
@@ -132,10 +157,12 @@ def patched_apply(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(self, fn, *args, **kwargs)
         before = _slots(self)
         _tls.depth = 1
+        overwrite = torch.__future__.get_overwrite_module_params_on_conversion()
         try:
-            out = original(self, fn, *args, **kwargs)
+            out = original(self, _leaving_device(fn, overwrite), *args, **kwargs)
         finally:
             _tls.depth = 0
+            _set_overwrite(overwrite)
         _detach_norm_caches(self)
         rnns = [m for m in self.modules() if isinstance(m, torch.nn.RNNBase)]
         for m in rnns:  # its weak references to the new weights would stop the swap (see the module docstring)

@@ -308,6 +308,10 @@ def host_to_device(src: torch.Tensor, index: int, non_blocking: bool = False, dt
         from gpemu.torch_backend.nested import nested_error
 
         raise nested_error("a nested tensor moved with .cuda() / .to('cuda')")  # Note [Nested tensors]
+    if src.layout is torch.sparse_coo:  # nnz-sized indices and values: Note [Sparse matrices on the device]
+        from gpemu.torch_backend.sparse import sparse_to_device
+
+        return sparse_to_device(src if dtype is None else src.to(dtype), index, non_blocking)
     pinned = is_pinned_host(src)
     nbytes = _nbytes(src)
     # torch.preserve_format, as `.cuda()` / `.to("cuda")` on a GPU: a dense tensor keeps its strides (a channels_last
@@ -1221,8 +1225,9 @@ def _counter_inplace(func: Any, args: Any, kwargs: Any) -> Any:
     if func is _ZERO or func is _FILL:
         if func is _ZERO or (isinstance(args[1], (int, float, bool)) and args[1] == 0):
             set_nonzero_bound(t, 0, bumps=1)  # See Note [Nonzero bounds]
-        if t.numel() <= 16:  # a reset: the value is known again
-            value = args[1] if func is _FILL else 0
+        value = args[1] if func is _FILL else 0
+        small = t.numel() <= 16 or (value != 0 and t.numel() * t.element_size() <= KNOWN_VALUE_MAX_BYTES)
+        if small:  # a reset (or a nonzero fill: Note [Filled labels]): the value is known again
             set_known_value(t, torch.full(tuple(t.shape), value, dtype=t.dtype, device="cpu"), bumps=1)
             if t._base is not None:  # See Note [Writes through views]
                 _write_through(t, torch.full(tuple(t.shape), value, dtype=t.dtype, device="cpu"))
@@ -1251,6 +1256,10 @@ _ZERO, _FILL = aten.zero_.default, aten.fill_.Scalar
 # (cheap per update: resnet50 runs 53 such add_ per step), so the count stays right (it read 0 after the first add_
 # and the division failed). `zero_`/`fill_` of a tensor of at most 16 elements (a
 # counter reset: BatchNorm.reset_running_stats) makes its value known, as torch.full does.
+# Note [Filled labels]: a `fill_` with a nonzero number makes the value known up to KNOWN_VALUE_MAX_BYTES, as
+# torch.full does: PyTorch-GAN's `valid = Variable(Tensor(imgs.size(0), 1).fill_(1.0))` labels (64 x 1) read back 0
+# (session 16). Zero fills stay bounded at 16 elements: a larger unknown tensor already reads 0, and `zero_` runs on
+# every small gradient each step, where a host copy would cost the emulator time for nothing.
 for _op in (aten.add_.Tensor, aten.add_.Scalar, aten.sub_.Tensor, aten.sub_.Scalar, aten.mul_.Tensor,
             aten.mul_.Scalar, aten.zero_.default, aten.fill_.Scalar):
     SPECIAL[_op] = _counter_inplace
@@ -1430,6 +1439,36 @@ def _sampled_categories(probs: torch.Tensor, num_samples: int, replacement: bool
         return torch.randint(categories, (*rows, num_samples), generator=generator, dtype=torch.long)
     keys = torch.rand((*rows, categories), generator=generator)
     return keys.argsort(dim=-1)[..., :num_samples].contiguous()
+
+
+# Note [Writes without a version bump]: gpemu trusts what it knows about a tensor (its host value, value range,
+# nonzero bound, softmax mass) until the tensor's version counter moves. A few aten ops write into arguments other
+# than `self` and torch bumps no version for them (on the CPU and CUDA alike): `_fused_moving_avg_obs_fq_helper`,
+# behind `torch.fused_moving_avg_obs_fake_quant`, updates the observer's running min / max and the fake-quant scale
+# and zero point in place. QAT (torchvision references/classification/train_quantization.py: eager
+# `prepare_qat` with the default qnnpack / fbgemm qconfig, FusedMovingAvgObsFakeQuantize) keeps those as buffers
+# built on the host (min inf, max -inf, scale 1, zero point 0) and moved to the device, so they were known, and after
+# every training step they still read inf / -inf / 1 / 0 where a GPU reads the observed range; converting the model
+# then took the "observer never ran" branch (default qparams, with its warning). The op's schema marks the written
+# arguments (`Tensor(a!)`): gpemu forgets what it knew about them after the op, so they read as computed values.
+# Under inference mode the composite `fused_moving_avg_obs_fake_quant` itself reaches gpemu (QAT's evaluation runs in
+# `torch.inference_mode()`, and observers still update there): it is handled the same way.
+def forget_facts(t: EmuTensor) -> None:
+    """Drop every value, range and bound gpemu recorded for `t` (Note [Writes without a version bump])."""
+    _forget(id(t))
+    for registry in (_nz_bounds, _mass, _ranges):
+        registry.pop(id(t), None)
+
+
+@_special(aten._fused_moving_avg_obs_fq_helper.default, aten.fused_moving_avg_obs_fake_quant.default)
+def _writes_unbumped(func: Any, args: Any, kwargs: Any) -> Any:
+    """Run the op; forget the facts about the arguments it writes (Note [Writes without a version bump])."""
+    out = run_op(func, args, kwargs)
+    for i, arg in enumerate(func._schema.arguments):
+        value = args[i] if i < len(args) else kwargs.get(arg.name)
+        if arg.alias_info is not None and arg.alias_info.is_write and isinstance(value, EmuTensor):
+            forget_facts(value)
+    return out
 
 
 @_special(aten.allclose.default)

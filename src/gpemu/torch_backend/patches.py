@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -24,6 +25,7 @@ from gpemu.torch_backend import (
     hf_generate,
     legacy,
     nvml,
+    nvtx,
     profiling,
     rng,
     serialization,
@@ -73,19 +75,46 @@ class Patcher:
 
     def restore(self) -> None:
         """Put every original back, newest first."""
-        while self._undo:
-            self._undo.pop()()
-        for obj, name, value in reversed(self._saved):
-            if value is _MISSING:
-                with contextlib.suppress(AttributeError):
-                    delattr(obj, name)
-            else:
-                setattr(obj, name, value)
-        self._saved.clear()
+        self._restore_to((0, 0, 0))
+
+    @contextlib.contextmanager
+    def optional(self, what: str) -> Iterator[None]:
+        """Apply a block of patches that the emulation can do without: if the block raises (a torch release without
+        what it patches), undo what it set, say so on stderr and go on; a failure to undo it is raised (Note [Older
+        torch releases] in emulation.py)."""
+        mark = (len(self._undo), len(self._saved), len(self._scripted))
+        try:
+            yield
+        except Exception as exc:
+            self._restore_to(mark)
+            print(f"gpemu: {what} is not emulated with torch {torch.__version__} ({type(exc).__name__}: {exc}); "
+                  "everything else is", file=sys.stderr)
+
+    def _restore_to(self, mark: tuple[int, int, int]) -> None:
+        """Undo every change made after `mark` (counts of undos, attributes and TorchScript entries), newest first;
+        every change is undone even when one fails, and the first failure is raised at the end."""
+        undo_n, saved_n, scripted_n = mark
+        error: Exception | None = None
+        while len(self._undo) > undo_n:
+            try:
+                self._undo.pop()()
+            except Exception as exc:
+                error = error or exc
+        while len(self._saved) > saved_n:
+            obj, name, value = self._saved.pop()
+            try:
+                if value is _MISSING:
+                    with contextlib.suppress(AttributeError):
+                        delattr(obj, name)
+                else:
+                    setattr(obj, name, value)
+            except Exception as exc:
+                error = error or exc
         table = torch.jit._builtins._get_builtin_table()
-        for key in self._scripted:
-            table.pop(key, None)
-        self._scripted.clear()
+        while len(self._scripted) > scripted_n:
+            table.pop(self._scripted.pop(), None)
+        if error is not None:
+            raise error
 
 
 # Note [TorchScript sees the original builtins]: gpemu replaces some torch functions (factories such as
@@ -674,7 +703,9 @@ def apply(emu: state.Emulation, patcher: Patcher) -> None:
     graphs.apply(patcher)
     vision_io.apply(patcher)  # Note [nvJPEG]
     nvml.apply(patcher)  # Note [Emulated NVML]
-    profiling.apply(patcher)
+    nvtx.apply(patcher)  # Note [NVTX without a CUDA build]
+    with patcher.optional("torch.profiler's CUDA activity"):  # Note [Older torch releases] in emulation.py
+        profiling.apply(patcher)
     serialization.apply(patcher)
     # optimizers pick their foreach (multi-tensor) path only for these exact types; see Note [Foreach on emulated]
     import torch.optim.optimizer as optim_mod

@@ -383,7 +383,9 @@ class PhaseTracker:
         if self.lookup is default_lookup:
             with contextlib.suppress(ImportError):
                 import gpemu.profiles  # noqa: F401
-        with contextlib.suppress(ImportError):
+        # a torchvision built for another torch raises RuntimeError ("operator torchvision::nms does not exist"),
+        # not ImportError: a script that imports it fails on its own, one that does not still runs emulated
+        with contextlib.suppress(Exception):
             import torchvision.models  # noqa: F401
 
     def uninstall(self) -> None:

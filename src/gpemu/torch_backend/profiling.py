@@ -145,11 +145,16 @@ def _cuda_requested(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
                for a in activities)
 
 
-def _patched_kineto_profile_init(orig: Callable[..., Any]) -> Callable[..., Any]:
+def _patched_kineto_profile_init(orig: Callable[..., Any], drop_cuda: bool = False) -> Callable[..., Any]:
+    """Return _KinetoProfile.__init__ that keeps `use_device="cuda"` when CUDA was asked for; with `drop_cuda`
+    (torch < 2.12, no `_parse_activities` to patch) it also takes CUDA out of `self.activities` itself."""
+
     @functools.wraps(orig)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         orig(self, *args, **kwargs)
         if _cuda_requested(args, kwargs):
+            if drop_cuda:  # Note [Older torch releases] in emulation.py
+                self.activities = _without_cuda(set(self.activities))
             self.use_device = "cuda"  # passed on to torch.autograd.profiler.profile (below)
 
     return __init__
@@ -221,12 +226,16 @@ def _patched_memory_timeline(orig: Callable[..., Any]) -> Callable[..., Any]:
 def apply(patcher: Any) -> None:
     """Make torch.profiler / torch.autograd.profiler record host activity with kineto and the emulated GPU's work
     from gpemu while gpemu is installed (Note [Emulated kernels in torch.profiler])."""
-    patcher.set(profiler_mod, "_parse_activities", _patched_parse(profiler_mod._parse_activities))
+    # torch >= 2.12 parses `activities` (which may hold {activity: [names]} filters) in _parse_activities; older
+    # releases take `set(activities)` inside _KinetoProfile.__init__ (Note [Older torch releases] in emulation.py)
+    parse = getattr(profiler_mod, "_parse_activities", None)
+    if parse is not None:
+        patcher.set(profiler_mod, "_parse_activities", _patched_parse(parse))
     patcher.set(profiler_mod, "supported_activities", _patched_supported(profiler_mod.supported_activities))
     patcher.set(torch.profiler, "supported_activities", profiler_mod.supported_activities)
     patcher.set(autograd_profiler.profile, "__init__", _patched_legacy_init(autograd_profiler.profile.__init__))
     kineto_profile = profiler_mod._KinetoProfile
-    patcher.set(kineto_profile, "__init__", _patched_kineto_profile_init(kineto_profile.__init__))
+    patcher.set(kineto_profile, "__init__", _patched_kineto_profile_init(kineto_profile.__init__, parse is None))
     patcher.set(kineto_profile, "export_memory_timeline",
                 _patched_memory_timeline(kineto_profile.export_memory_timeline))
     legacy = autograd_profiler.profile

@@ -745,6 +745,8 @@ class Replayer:
                              _cuda_backends.math_sdp_enabled())]
         for v in (*args, *kwargs.keys(), *kwargs.values()):
             if isinstance(v, torch.Tensor):
+                if isinstance(v, EmuTensor) and v.layout is not torch.strided:
+                    return None  # a sparse argument: per op (Note [Sparse matrices on the device] in sparse.py)
                 if isinstance(v, EmuTensor):
                     parts.append(_tensor_key(v))
                 elif _host_argument(v):  # See Note [Host tensor arguments]

@@ -111,14 +111,14 @@ def _is_sparse(x: Any) -> bool:
     return isinstance(x, torch.Tensor) and x.layout is torch.sparse_coo
 
 
-def _sparse_like(src: torch.Tensor, nnz: int, coalesced: bool = False) -> torch.Tensor:
-    """Return a sparse meta tensor shaped like `src` with `nnz` entries in new indices and values."""
+def _sparse_like(src: torch.Tensor, nnz: int, coalesced: bool = False, shape: list[int] | None = None) -> torch.Tensor:
+    """Return a sparse meta tensor shaped like `src` (or `shape`) with `nnz` entries in new indices and values."""
     sparse_dim = src.sparse_dim()
     indices = torch.empty((sparse_dim, nnz), dtype=torch.long, device=META)
     values = torch.empty((nnz, *src._values().shape[1:]), dtype=src.dtype, device=META)
     return aten._sparse_coo_tensor_with_dims_and_tensors(  # type: ignore[no-any-return]
-        sparse_dim, src.dense_dim(), list(src.shape), indices, values, dtype=src.dtype, layout=torch.sparse_coo,
-        device=META, is_coalesced=coalesced)
+        sparse_dim, src.dense_dim(), list(src.shape) if shape is None else shape, indices, values, dtype=src.dtype,
+        layout=torch.sparse_coo, device=META, is_coalesced=coalesced)
 
 
 def _elementwise_s(t: torch.Tensor, index: int) -> float:
@@ -251,6 +251,58 @@ def _coalesce(func: Any, uargs: Any, ukwargs: Any, index: int) -> tuple[Any, lis
                  ("clone", _copy_s(out._indices(), index))], None
 
 
+# Note [Sparse matrices on the device]: graph networks keep their adjacency (and often their bag-of-words features)
+# as sparse COO matrices built on the host and moved over: pytorch/examples gcn does `adj.to_sparse().to(device)` and
+# `features.to_sparse().to(device)`, then `torch.mm(features, W)` and `torch.spmm(adj, support)`. On a GPU the move
+# copies the indices and values (nnz-sized: Cora's 2708 x 1433 features are 49k entries, not 3.9M), mm of a sparse
+# matrix by a dense one is cuSPARSE's SpMM (`s_addmm_out_sparse_dense_cuda`: a zeroed result, a coalesce when needed,
+# then one CSR pass that reads nnz values and nnz rows of the dense operand and sums each row's products in registers,
+# with no atomics: priced as a gather of those nnz rows, not as an index_add_), and its backward multiplies by
+# `sparse.t()` (a clone with two index rows swapped, uncoalesced). gpemu gave the moved tensor torch's `empty_like`,
+# a sparse meta tensor with nnz 0 and no memory, and mm had no rule: the gcn example died in its first forward with
+# an UnsupportedOpError (session 5, before sparse tensors were emulated, had moved it as a dense tensor). Now the
+# move keeps nnz and charges the two copies, and mm / t / transpose of a sparse matrix are priced as above. `t` and
+# `transpose` are views to torch, so run_op's view path no longer takes sparse tensors (it gave t() nnz 0); their
+# other views (`_indices()`, `_values()`) stay aliases. A module called with a sparse argument is never recorded for
+# replay (the recording keys its inputs' storages, which a sparse tensor has not): it runs per op.
+def sparse_to_device(src: torch.Tensor, index: int, non_blocking: bool = False) -> EmuTensor:
+    """Move a sparse COO CPU tensor to emulated device `index`: nnz-sized indices and values, two host-to-device copies
+    (Note [Sparse matrices on the device])."""
+    from gpemu.torch_backend.ops import charge_h2d
+
+    meta = _sparse_like(src, src._nnz(), src.is_coalesced())
+    for part in _parts(meta):  # `indices.to(device)`, `values.to(device)`: pageable copies, never pinned
+        charge_h2d(index, part.numel() * part.element_size(), False, non_blocking)
+    return wrap(meta, index, tag="h2d")
+
+
+def _mm(func: Any, uargs: Any, ukwargs: Any, index: int) -> tuple[Any, list[tuple[str, float]], Any]:
+    """mm of a sparse matrix by a dense one: a dense result, priced as SpMM (Note [Sparse matrices on the device])."""
+    a, b = uargs[0], uargs[1]
+    if not _is_sparse(a) or _is_sparse(b) or a.dim() != 2 or b.dim() != 2 or a.dense_dim() != 0:
+        raise _unsupported(func, "only a sparse 2-D matrix times a dense one is emulated")
+    out = torch.empty((int(a.shape[0]), int(b.shape[1])), dtype=torch.result_type(a, b), device=META)
+    kernels = [] if a.is_coalesced() else _coalesce(func, (a,), {}, index)[1]
+    rows = torch.empty((a._nnz(), int(b.shape[1])), dtype=b.dtype, device=META)  # the dense rows the entries read
+    kernels += [("fill_", op_cost_s(aten.fill_.Scalar, (out, 0), {}, out, index)), ("spmm", _gather_s(rows, index))]
+    return out, kernels, None
+
+
+def _transpose(func: Any, uargs: Any, ukwargs: Any, index: int) -> tuple[Any, list[tuple[str, float]], Any]:
+    """t / transpose of a sparse matrix's sparse dims: a clone of indices and values with two index rows swapped,
+    uncoalesced (Note [Sparse matrices on the device])."""
+    src = uargs[0]
+    dims = (0, 1) if func is aten.t.default else tuple(d % src.dim() for d in uargs[1:3])
+    if src.dim() < 2 or dims[0] == dims[1]:
+        return src, [], None
+    if max(dims) >= src.sparse_dim():
+        raise _unsupported(func, "only a transpose of two sparse dimensions is emulated")
+    shape = list(src.shape)
+    shape[dims[0]], shape[dims[1]] = shape[dims[1]], shape[dims[0]]
+    out = _sparse_like(src, src._nnz(), coalesced=False, shape=shape)
+    return out, [("clone", _copy_s(src._indices(), index)), ("clone", _copy_s(src._values(), index))], None
+
+
 def _flag(func: Any, uargs: Any, ukwargs: Any, index: int) -> tuple[Any, list[tuple[str, float]], Any]:
     """_coalesced_: sets a flag; no kernel."""
     func(*uargs, **ukwargs)
@@ -265,6 +317,7 @@ _OPS: dict[Any, Impl] = {
     aten.neg.default: _scale, aten.neg_.default: _scale, aten.pow.Tensor_Scalar: _scale,
     aten._to_dense.default: _to_dense, aten.sparse_mask.default: _sparse_mask, aten._coalesce.default: _coalesce,
     aten._coalesced_.default: _flag,
+    aten.mm.default: _mm, aten.t.default: _transpose, aten.transpose.int: _transpose,
 }
 
 
@@ -275,6 +328,8 @@ def run_sparse_op(func: Any, args: Any, kwargs: Any) -> Any:
         return _foreach_per_tensor(func, args, kwargs)
     uargs, ukwargs, index, wrappers = unwrap_all(args, kwargs, func)
     impl = _OPS.get(func)
+    if impl is None and func.is_view:  # `_indices()`, `_values()`: aliases, as run_op's view path makes them
+        return wrap_outputs(func(*uargs, **ukwargs), index, {}, func)
     if impl is None:
         return _metadata_query(func, uargs, ukwargs)
     out, kernels, new_parts = impl(func, uargs, ukwargs, index)

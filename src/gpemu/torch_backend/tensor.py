@@ -1052,6 +1052,9 @@ def _list_plan(metas: tuple[Any, ...], index: int) -> tuple[list[tuple[Any, ...]
 
 
 _DETACH = torch.ops.aten.detach.default
+# torch 2.14's OpOverload.__call__ checks a Python dispatcher first; older releases have no such attribute and
+# always call `_op` (Note [Older torch releases] in emulation.py). Looked up once here, not per op.
+_HAS_PYOBJ_DISPATCHER = hasattr(_DETACH, "_pyobj_dispatcher")
 
 
 # Note [Tensor subclasses of emulated tensors]: `t.as_subclass(cls)` on a GPU returns a `cls` over the same data,
@@ -1182,15 +1185,16 @@ def run_op(func: Any, args: Any, kwargs: Any) -> Any:
             out = _alias(x._elem.detach(), x._index, x._mk)
             if out is not None:
                 return out
-    if func.is_view and isinstance(args[0], EmuTensor) and not kwargs and _no_tensors(args, 1):
+    if func.is_view and isinstance(args[0], EmuTensor) and not kwargs and _no_tensors(args, 1) and not (
+            _sparse_live[0] and args[0].layout is not torch.strided):  # Note [Sparse matrices on the device]
         # a view of one emulated tensor: torch's C++ meta kernel gives the aliasing meta view; no kernel, no memory
         x = args[0]
         if _inference_enabled() and not x.is_inference():  # See Note [Views in inference mode]
             with torch.inference_mode(False):
                 return wrap_outputs(func(x._elem, *args[1:]), x._index, {}, func)
         # OpOverload.__call__ is `self._op(...)` unless a Python kernel is registered: calling _op skips a frame
-        # and an attribute check (~0.3-1 us on a view)
-        elem = (func._op if func._pyobj_dispatcher is None else func)(x._elem, *args[1:])
+        # and an attribute check (~0.3-1 us on a view); torch < 2.14 always calls _op (Note [Older torch releases])
+        elem = (func._op if not _HAS_PYOBJ_DISPATCHER or func._pyobj_dispatcher is None else func)(x._elem, *args[1:])
         if type(elem) is torch.Tensor and elem.is_meta:  # not .device.type: that builds a device object (~1 us)
             out = _alias(elem, x._index, None)
             if out is not None:
