@@ -946,7 +946,10 @@ def test_a_later_outputs_backward_before_the_first_outputs_gradient_is_recorded(
     per_op, n_per_op = _critic_last_busy(False)
     replay, n_replay = _critic_last_busy(True)
     assert (n_per_op, n_replay) == (0, 2)  # steps 1-2 record, 3-4 replay
-    assert replay == pytest.approx(per_op, rel=1e-9)  # the same GPU work, critic backward included
+    # the same GPU work, critic backward included (a lost kernel costs at least 7.7 us, 1.4 % of the 533 us); run
+    # alone, the two sides differ by 2.7e-8 relative, one float32 rounding of a cached cost, depending on which path
+    # priced the op first
+    assert replay == pytest.approx(per_op, rel=1e-6)
 
 
 class _OffsetEmbedding(torch.nn.Embedding):

@@ -437,6 +437,9 @@ _cost_cache: dict[Any, float] = {}
 # set by gpemu.torch_backend.replay while it records a top module call: sink(index, name, predicted_s, category,
 # stream_id) sees every charged op. See Note [Replay path].
 record_sink: Any = None
+# the arguments of the op being charged while record_sink is set (None otherwise): Note [Gradient sums across calls]
+# in replay.py
+sink_args: list[Any] = [None]
 _mutable: dict[Any, bool] = {}
 
 
@@ -1221,7 +1224,12 @@ def run_op(func: Any, args: Any, kwargs: Any) -> Any:
             if func in _CUBLAS_OPS and (index, stream.stream_id) not in _cublas_done:  # Note [cuBLAS workspace in
                 cublas_workspace(emu, index, stream.stream_id)  # the drop-in]
             if cost >= 0.0:
-                _charge_on(emu, stream, index, name, cost, "kernel", fusible)
+                if record_sink is not None:  # held only while charged: Note [Gradient sums across calls] in replay.py
+                    sink_args[0] = args
+                    _charge_on(emu, stream, index, name, cost, "kernel", fusible)
+                    sink_args[0] = None
+                else:
+                    _charge_on(emu, stream, index, name, cost, "kernel", fusible)
             if kind == _FRESH:
                 allocator = emu.devices[index].allocator
                 malloc, stream_id = allocator.malloc, stream.pool_id
@@ -1256,7 +1264,9 @@ def run_op(func: Any, args: Any, kwargs: Any) -> Any:
     if func not in _FREE_OPS and not func.is_view:
         cost = op_cost_s(func, uargs, ukwargs, out, index) + cast_s
         fusible = op_fusible(func, uargs, ukwargs, out)
+        sink_args[0] = args if record_sink is not None else None
         charge(index, func, cost, "kernel", fusible)
+        sink_args[0] = None
         if func in _CUBLAS_OPS and index is not None:  # See Note [cuBLAS workspace in the drop-in]
             stream_id = emu.current_stream(index).stream_id
             if (index, stream_id) not in _cublas_done:
