@@ -979,12 +979,12 @@ def past_single_read(channel_elems: Any, dtype: str) -> Any:
 # forwards, leave-one-GPU-out on GPEmu's five GPUs agrees (forward p90 20.4 -> 20.0 %, docs/cost-model.md, session
 # 16); for the backwards it does not (backward 6.6 / 19.5 -> 8.2 / 22.1 %: the fitted per-byte price is what their
 # phase totals hold, torch <= 1.9's kernels on Kepler to Volta), so pooling backwards keep the bytes at the fitted
-# "other" ceiling and their rates below stay unused until per-op data of an older GPU says how they carry.
+# "other" ceiling (their measured rates above stay in this Note until per-op data of an older GPU says how they
+# carry).
 POOL_ELEMS_PER_SM_CYCLE: dict[str, float] = {
     "max_pool2d_with_indices": 0.47, "max_pool3d_with_indices": 0.47, "adaptive_max_pool2d": 0.47,
-    "max_pool2d": 0.235, "max_pool2d_with_indices_backward": 0.34, "adaptive_max_pool2d_backward": 0.34,
-    "avg_pool2d": 0.285, "avg_pool1d": 0.285, "avg_pool3d": 0.285, "avg_pool2d_backward": 0.17,
-    "_adaptive_avg_pool2d": 0.063, "_adaptive_avg_pool2d_backward": 0.063, "_adaptive_avg_pool3d": 0.063,
+    "max_pool2d": 0.235, "avg_pool2d": 0.285, "avg_pool1d": 0.285, "avg_pool3d": 0.285,
+    "_adaptive_avg_pool2d": 0.063, "_adaptive_avg_pool3d": 0.063,
 }  # fmt: skip
 POOL_DEFAULT_ELEMS_PER_SM_CYCLE = 0.235
 
