@@ -526,8 +526,8 @@ class SpecColumns:
     channel_cycles_per_byte: np.ndarray  # NCHW training batch norms: SM cycles of one channel's block per byte the op
     # moves, 0 elsewhere (Note [Batch norm, one block per channel])
     channel_floor_bytes: np.ndarray  # the op's bytes beyond which a channel is past the single-read size (inf: never)
-    pool_cycles_per_flop: np.ndarray = field(default_factory=lambda: np.zeros(0))  # pooling: SM cycles per counted
-    # element over the whole GPU, 0 elsewhere (Note [Pooling kernels are issue-bound])
+    pool_cycles_per_flop: np.ndarray  # pooling forwards: SM cycles per counted element over the whole GPU, 0
+    # elsewhere (Note [Pooling kernels are issue-bound])
 
 
 COMPUTE_PARAMS: tuple[str, ...] = ("e_conv", "e_conv_bwd", "e_grouped", "e_grouped_bwd", "e_matmul", "e_conv_1x1",

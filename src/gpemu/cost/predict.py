@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -226,17 +226,6 @@ def _measured_series(rows: Any, gpu_key: str, workload: str, phase: str, dtype: 
 # channels_last at batch 128 (the H100 measured 64 and 256) was scaled from the H200's rows (session 16, against
 # the real H100: -13.4 % iteration). Y's own ratio measured / model, interpolated as in Note [Between the source's
 # measured batch sizes], now comes first; outside Y's measured range the other sources answer as before.
-def _own_rows_between(rows: Any, spec: GPUSpec, workload: str, phase: str, batch_size: int, dtype: str,
-                      params: CostParams) -> tuple[float, int, int] | None:
-    """Return (r, lo, hi) of Y's own NCHW rows interpolated at `batch_size` (Note [Own rows between measured
-    batches]), or None when Y measured none around it."""
-    series = _measured_series(rows, spec.key, workload, phase, dtype)
-    if not series:
-        return None
-    return _interpolated_ratio(series, batch_size, lambda b: float(
-        model_phase_seconds(spec, workload, phase, [b], dtype, params)[0]))
-
-
 def _interpolated_ratio(series: dict[int, float], batch_size: int, model_at: Any) -> tuple[float, int, int] | None:
     """Return (r, lo, hi): the source's measured / model ratio interpolated in log-log at `batch_size` between its
     nearest measured batch sizes lo < batch_size < hi (lo = hi = batch_size where it was measured), or None when the
@@ -385,16 +374,29 @@ def predict_phase(gpu: GPUSpec | str, workload: str, phase: str, batch_size: int
                                              borrow_factors(params, spec.key, source),
                                              memory_format=memory_format)[0])
 
+        def between(x_key: str, x_dtype: str, note: str, numerator: Callable[[], float]) -> Estimate | None:
+            """X's measured / model ratio interpolated between its measured batch sizes, times Y's model seconds
+            (Note [Between the source's measured batch sizes]); None outside X's measured range."""
+            x_spec = get_gpu(x_key)
+            hit_r = _interpolated_ratio(_measured_series(rows, x_key, workload, src_phase, x_dtype), batch_size,
+                                        lambda b: float(model_phase_seconds(x_spec, workload, src_phase, [b], x_dtype,
+                                                                            params)[0]))
+            if hit_r is None:
+                return None
+            ratio, lo, hi = hit_r
+            y_s = numerator()
+            return Estimate(ratio * y_s, "s", "predicted", source=f"{x_key} measured / model ratio {ratio:.4g} "
+                            f"({src_phase}{note}, interpolated between batch {lo} and {hi}) x model {y_s:.6g} s",
+                            path=f"scaled-from:{x_key}",
+                            details={"from_gpu": x_key, "ratio": ratio, "model_y_s": y_s,
+                                     "interpolated_between": [lo, hi], "memory_format": memory_format,
+                                     "source_phase": src_phase, "from_dtype": x_dtype})
+
         if not own_row_is_answer and spec.key not in exclude_gpus and spec.key not in measured:
-            own_hit = _own_rows_between(rows, spec, workload, src_phase, batch_size, dtype, params)
-            if own_hit is not None:  # See Note [Own rows between measured batches]
-                ratio, lo, hi = own_hit
-                return Estimate(ratio * own, "s", "predicted", source=f"{spec.key} measured / model ratio {ratio:.4g} "
-                                f"({src_phase}, NCHW, interpolated between batch {lo} and {hi}) x model {own:.6g} s",
-                                path=f"scaled-from:{spec.key}",
-                                details={"from_gpu": spec.key, "ratio": ratio, "model_y_s": own,
-                                         "interpolated_between": [lo, hi], "memory_format": memory_format,
-                                         "source_phase": src_phase, "from_dtype": dtype})
+            own_s = own
+            hit = between(spec.key, dtype, ", NCHW", lambda: own_s)  # See Note [Own rows between measured batches]
+            if hit is not None:
+                return hit
         if x_key is not None and x_key in measured:
             x_spec = get_gpu(x_key)
             x_model = float(model_phase_seconds(x_spec, workload, src_phase, [batch_size], src_dtype, params)[0])
@@ -407,20 +409,10 @@ def predict_phase(gpu: GPUSpec | str, workload: str, phase: str, batch_size: int
                                      "model_x_s": x_model, "memory_format": memory_format,
                                      "source_phase": src_phase, "from_dtype": src_dtype})
         if x_key is not None and x_key != spec.key:  # See Note [Between the source's measured batch sizes]
-            x_spec = get_gpu(x_key)
-            series = _measured_series(rows, x_key, workload, src_phase, src_dtype)
-            hit_r = _interpolated_ratio(series, batch_size, lambda b: float(
-                model_phase_seconds(x_spec, workload, src_phase, [b], src_dtype, params)[0]))
-            if hit_r is not None:
-                ratio, lo, hi = hit_r
-                own = own_scaled_from(x_key)
-                return Estimate(ratio * own, "s", "predicted", source=f"{x_key} measured / model ratio {ratio:.4g} "
-                                f"({src_phase}{_dtype_note(src_dtype, dtype)}, interpolated between batch {lo} and "
-                                f"{hi}) x model {own:.6g} s",
-                                path=f"scaled-from:{x_key}",
-                                details={"from_gpu": x_key, "ratio": ratio, "model_y_s": own,
-                                         "interpolated_between": [lo, hi], "memory_format": memory_format,
-                                         "source_phase": src_phase, "from_dtype": src_dtype})
+            source_key = x_key
+            hit = between(x_key, src_dtype, _dtype_note(src_dtype, dtype), lambda: own_scaled_from(source_key))
+            if hit is not None:
+                return hit
     factor_source = params.factor_source(spec)
     factors = ("its own fitted factors" if factor_source == spec.key else
                f"factors of {factor_source} (nearest fitted GPU)" if factor_source else "no per-GPU factors")
